@@ -1,0 +1,183 @@
+"""Confining a process: prepared once, entered in the process to confine.
+
+prepare() does everything that may fail for a reason a person can act on
+(bad spec, missing Landlock) and everything that is costly (probing, the
+ruleset, name look-ups), so that a fork-server can do it in the parent and
+its child only makes the few system calls of enter().
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import sys
+import termios
+from dataclasses import dataclass
+from typing import NoReturn
+
+import prctl
+
+from . import privileges, rlimits, syscalls
+from .privileges import Credentials
+from .report import Report
+from .ruleset import LandlockUnavailable, Ruleset, build
+from .spec import Spec, SpecError
+
+# The seed's exit codes.
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_THREADS = 4
+EXIT_EXEC_FAILED = 126
+EXIT_NOT_FOUND = 127
+
+
+class NotSingleThreaded(RuntimeError):
+    """landlock_restrict_self confines one thread: other threads stay free."""
+
+
+def thread_count(stat_fd: int | None = None) -> int:
+    """Threads of this process. Pass an fd of /proc/self/stat opened before
+    restrict_self: afterwards /proc may be out of reach."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC) if stat_fd is None else stat_fd
+    try:
+        data = os.pread(fd, 4096, 0)
+    finally:
+        if stat_fd is None:
+            os.close(fd)
+    # Fields after the parenthesised comm (which may hold spaces); num_threads is the 20th.
+    return int(data[data.rindex(b")") + 2:].split()[17])
+
+
+@dataclass
+class Confinement:
+    ruleset: Ruleset
+    rlimit_plan: rlimits.Plan
+    credentials: Credentials | None
+    drop_capabilities: bool
+    report: Report
+
+    def drop_privileges(self) -> None:
+        if self.credentials is not None:
+            privileges.switch_to(self.credentials)
+        elif self.drop_capabilities:
+            privileges.drop_capabilities()
+
+    def restrict(self) -> None:
+        """rlimits (memory last), no_new_privs, then the Landlock domain."""
+        rlimits.apply(self.rlimit_plan)
+        prctl.set_no_new_privs(1)
+        self.ruleset.restrict_self()
+
+    def enter(self) -> None:
+        self.drop_privileges()
+        self.restrict()
+
+    def close(self) -> None:
+        self.ruleset.close()
+
+
+def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
+    """Raises SpecError or LandlockUnavailable. `ruleset` reuses a built one."""
+    ruleset = ruleset or build(spec)
+    report = Report(**ruleset.report.to_dict())
+    creds = privileges.resolve(spec.user, spec.group)
+    if creds is not None and os.geteuid() != 0 and (creds.uid, creds.gid) != (os.getuid(), os.getgid()):
+        raise SpecError(f"user: switching to {spec.user!r} needs root")
+    drop_caps = creds is None and not spec.keep_capabilities
+    plan = rlimits.plan(spec.rlimits, report)
+    report.no_new_privs = True
+    report.enforced = ruleset.fd >= 0
+    report.capabilities_dropped = drop_caps or (creds is not None and creds.uid != 0)
+    if creds is not None:
+        report.uid, report.gid = creds.uid, creds.gid
+    else:
+        report.uid, report.gid = os.getuid(), os.getgid()
+    return Confinement(ruleset, plan, creds, drop_caps, report)
+
+
+def apply(spec: Spec) -> Report:
+    """Confine the calling process, which must have exactly one thread."""
+    threads = thread_count()
+    if threads != 1:
+        raise NotSingleThreaded(
+            f"refusing to confine a process with {threads} threads: "
+            "Landlock would confine only the calling one")
+    confinement = prepare(spec)
+    try:
+        confinement.enter()
+    finally:
+        confinement.close()
+    confinement.report.tid = syscalls.gettid() if confinement.report.enforced else 0
+    return confinement.report
+
+
+def detach_terminal() -> bool:
+    """Lose the controlling terminal, so TIOCSTI into an inherited one fails.
+
+    Landlock's ioctl right is checked at open(), not on inherited fds: only
+    leaving the terminal's session stops keystroke injection (the bug class
+    of bubblewrap's CVE-2017-5226). A process-group leader cannot setsid();
+    TIOCNOTTY on the controlling terminal detaches it all the same.
+    """
+    ttys = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+    if not ttys:
+        return False
+    try:
+        os.setsid()
+        return True
+    except PermissionError:
+        pass
+    for fd in ttys:
+        try:
+            fcntl.ioctl(fd, termios.TIOCNOTTY)
+            return True
+        except OSError as e:
+            if e.errno != errno.ENOTTY:  # not our controlling terminal: try the next
+                raise
+    return True  # none of them is our controlling terminal: nothing to inject into
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    print(f"landlock-exec: {message}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
+                  new_session: bool = True, print_report: bool = False) -> NoReturn:
+    """The seed's RunChild: confine this process, then exec argv.
+
+    Exit codes: 2 bad invocation or spec, 3 confinement unavailable while
+    fail-closed, 4 not single-threaded, 126 exec failed, 127 not found.
+    """
+    if not argv:
+        _fail(EXIT_USAGE, "no command given")
+    program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", os.defpath))
+    if program is None:
+        _fail(EXIT_NOT_FOUND, f"{argv[0]}: command not found on PATH")
+    stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if new_session:
+            detach_terminal()
+        report = apply(spec)
+    except SpecError as e:
+        _fail(EXIT_USAGE, str(e))
+    except LandlockUnavailable as e:
+        _fail(EXIT_UNAVAILABLE, str(e))
+    except NotSingleThreaded as e:
+        _fail(EXIT_THREADS, str(e))
+    except OSError as e:
+        _fail(EXIT_UNAVAILABLE, f"confinement failed: {e}")
+    if print_report:
+        print(json.dumps(report.to_dict(), sort_keys=True), file=sys.stderr, flush=True)
+    elif report.abi == -1:
+        print(f"landlock-exec: {report.note}", file=sys.stderr, flush=True)
+    if thread_count(stat_fd) != 1:
+        _fail(EXIT_THREADS, "a thread appeared before exec: the domain would be lost")
+    try:
+        os.execve(program, argv, env)
+    except FileNotFoundError:
+        _fail(EXIT_NOT_FOUND, f"{program}: not found")
+    except OSError as e:
+        _fail(EXIT_EXEC_FAILED, f"{program}: exec failed: {e.strerror}")

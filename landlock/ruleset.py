@@ -1,0 +1,153 @@
+"""Ruleset: a Spec turned into one Landlock ruleset fd on this kernel."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+
+from . import rights, syscalls
+from .probe import Support, probe
+from .report import Report
+from .spec import LOG_FLAGS, Spec, SpecError
+
+_FS_FEATURES = ("filesystem", "refer", "truncate", "ioctl_dev", "unix")
+_NET_FEATURES = ("tcp", "udp")
+
+
+class LandlockUnavailable(RuntimeError):
+    """Landlock, or a required feature, is missing while the spec fails closed."""
+
+
+@dataclass
+class Ruleset:
+    fd: int                 # -1: nothing to enforce (unrestricted, or best effort)
+    restrict_flags: int
+    report: Report
+    # (path, (st_dev, st_ino) or None) for every rule: a rule binds to the inode
+    # opened at build time, so a replaced path needs a new ruleset.
+    identity: tuple[tuple[str, tuple[int, int] | None], ...] = field(default=())
+
+    def restrict_self(self) -> None:
+        if self.fd >= 0:
+            syscalls.restrict_self(self.fd, self.restrict_flags)
+
+    def is_current(self) -> bool:
+        return all(_inode(path) == ino for path, ino in self.identity)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def wanted_features(spec: Spec) -> list[str]:
+    wanted = [] if spec.unrestricted_filesystem else list(_FS_FEATURES)
+    if not spec.unrestricted_network:
+        wanted += _NET_FEATURES
+    wanted += ["scope_" + s for s in spec.scopes]
+    if spec.log:
+        wanted.append("logging")
+    return wanted
+
+
+def build(spec: Spec, support: Support | None = None) -> Ruleset:
+    """Raises SpecError (a path it cannot use) or LandlockUnavailable."""
+    support = support or probe(spec.max_abi)
+    report = Report(kernel_abi=support.kernel_abi, errata=support.errata)
+    required = set(spec.require)
+    if not spec.unrestricted_filesystem and not spec.best_effort:
+        required.add("filesystem")
+    absent = sorted(f for f in required if f not in support.features)
+    if absent:
+        raise LandlockUnavailable("required Landlock feature(s) unavailable: " + "; ".join(
+            f"{f}: {support.missing[f]}" for f in absent))
+
+    wanted = wanted_features(spec)
+    usable = [f for f in wanted if f in support.features]
+    report.downgraded = {f: support.missing[f] for f in wanted if f not in support.features}
+    by_name = rights.FEATURE_BY_NAME
+    handled_fs = sum(by_name[f].fs for f in usable)
+    handled_net = sum(by_name[f].net for f in usable)
+    scoped = sum(by_name[f].scope for f in usable)
+    restrict_flags = 0
+    for flag in spec.log:
+        if "logging" in support.features:
+            restrict_flags |= LOG_FLAGS[flag]
+
+    report.handled_fs = rights.names(rights.FS, handled_fs)
+    report.handled_net = rights.names(rights.Net, handled_net)
+    report.scoped = rights.names(rights.Scope, scoped)
+    report.features = sorted(usable)
+    report.unix_connect_unrestricted = not handled_fs & rights.FS.RESOLVE_UNIX
+    report.udp_unrestricted = not handled_net & rights.Net.CONNECT_SEND_UDP
+
+    if not (handled_fs or handled_net or scoped):
+        if wanted:
+            report.abi = -1
+            report.add_note("Landlock unavailable: running UNCONFINED (best effort): "
+                            + support.missing.get("filesystem", "no usable feature"))
+        else:
+            report.add_note("nothing to restrict: unrestricted filesystem and network, no scopes")
+        return Ruleset(-1, 0, report)
+
+    report.abi = support.abi
+    size = (syscalls.ATTR_SIZE_SCOPED if scoped else
+            syscalls.ATTR_SIZE_NET if handled_net else syscalls.ATTR_SIZE_FS)
+    fd = syscalls.create_ruleset(syscalls.RulesetAttr(handled_fs, handled_net, scoped), size)
+    try:
+        identity = _add_path_rules(fd, spec, handled_fs, report)
+        _add_port_rules(fd, spec, handled_net)
+    except BaseException:
+        os.close(fd)
+        raise
+    if report.skipped_paths:
+        report.add_note("missing paths skipped: " + ", ".join(report.skipped_paths))
+    return Ruleset(fd, restrict_flags, report, identity)
+
+
+def _add_path_rules(fd: int, spec: Spec, handled_fs: int, report: Report):
+    identity = []
+    for cls, path in spec.path_rules:
+        access = rights.PATH_CLASSES[cls] & handled_fs
+        if not access:
+            continue  # e.g. connect_unix before ABI 9: reported as downgraded
+        try:
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR) and not spec.strict_paths:
+                report.skipped_paths.append(path)
+                identity.append((path, None))
+                continue
+            raise SpecError(f"{cls}: {path}: {e.strerror}") from None
+        try:
+            st = os.fstat(pfd)
+            if not stat.S_ISDIR(st.st_mode):
+                access &= rights.FILE_RIGHTS
+            if access:
+                syscalls.add_rule(fd, syscalls.RULE_PATH_BENEATH,
+                                  syscalls.PathBeneathAttr(access, pfd))
+        except OSError as e:
+            raise SpecError(f"{cls}: {path}: {e.strerror}") from None
+        finally:
+            os.close(pfd)
+        identity.append((path, (st.st_dev, st.st_ino)))
+    return tuple(identity)
+
+
+def _add_port_rules(fd: int, spec: Spec, handled_net: int) -> None:
+    for ports, right in ((spec.bind_tcp, rights.Net.BIND_TCP),
+                         (spec.connect_tcp, rights.Net.CONNECT_TCP),
+                         (spec.bind_udp, rights.Net.BIND_UDP),
+                         (spec.connect_udp, rights.Net.CONNECT_SEND_UDP)):
+        if handled_net & right:
+            for port in ports:
+                syscalls.add_rule(fd, syscalls.RULE_NET_PORT, syscalls.NetPortAttr(right, port))

@@ -1,0 +1,98 @@
+"""The three Landlock system calls and the prctl()s python-prctl lacks, via ctypes."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_prctl = _libc.prctl
+_prctl.restype = ctypes.c_int
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+# Same numbers on every architecture but alpha.
+_NR_CREATE_RULESET, _NR_ADD_RULE, _NR_RESTRICT_SELF = 444, 445, 446
+
+CREATE_RULESET_VERSION = 1 << 0
+CREATE_RULESET_ERRATA = 1 << 1
+RULE_PATH_BENEATH = 1
+RULE_NET_PORT = 2
+
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class NetPortAttr(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
+# The kernel rejects attribute fields it does not know (E2BIG when they are
+# non-zero), so an old kernel is given only the prefix it understands.
+ATTR_SIZE_FS = RulesetAttr.handled_access_net.offset
+ATTR_SIZE_NET = RulesetAttr.scoped.offset
+ATTR_SIZE_SCOPED = ctypes.sizeof(RulesetAttr)
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def create_ruleset(attr: RulesetAttr | None, size: int = 0, flags: int = 0) -> int:
+    ref = ctypes.byref(attr) if attr is not None else None
+    return _check(_syscall(_NR_CREATE_RULESET, ref, ctypes.c_size_t(size), ctypes.c_uint32(flags)),
+                  "landlock_create_ruleset")
+
+
+def add_rule(ruleset_fd: int, rule_type: int, attr: ctypes.Structure) -> None:
+    _check(_syscall(_NR_ADD_RULE, ctypes.c_int(ruleset_fd), ctypes.c_int(rule_type),
+                    ctypes.byref(attr), ctypes.c_uint32(0)), "landlock_add_rule")
+
+
+def restrict_self(ruleset_fd: int, flags: int = 0) -> None:
+    _check(_syscall(_NR_RESTRICT_SELF, ctypes.c_int(ruleset_fd), ctypes.c_uint32(flags)),
+           "landlock_restrict_self")
+
+
+def kernel_abi() -> int:
+    """The ABI the kernel reports; 0 when Landlock is absent or disabled."""
+    try:
+        return create_ruleset(None, 0, CREATE_RULESET_VERSION)
+    except OSError as e:
+        # ENOSYS: not built (or gVisor); EOPNOTSUPP: built but not in lsm=.
+        if e.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+            return 0
+        raise
+
+
+def errata() -> int:
+    try:
+        return create_ruleset(None, 0, CREATE_RULESET_ERRATA)
+    except OSError:
+        return 0
+
+
+def clear_ambient_capabilities() -> None:
+    if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0:
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # EINVAL: kernel without ambient capabilities
+            raise OSError(err, f"prctl(PR_CAP_AMBIENT_CLEAR_ALL): {os.strerror(err)}")
+
+
+def gettid() -> int:
+    return _libc.gettid()

@@ -1,0 +1,1 @@
+"""The single-threaded fork-server that spawns confined servers, and its clients."""

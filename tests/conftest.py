@@ -1,0 +1,27 @@
+"""Shared test plumbing. An enforcement test skipped on a kernel that has
+Landlock is a defect: the session fails (CI must never go green that way)."""
+from __future__ import annotations
+
+import pytest
+
+from landlock import abi_version
+
+_skipped_enforcement: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "enforcement: checks real kernel enforcement; must not skip where Landlock exists")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "enforcement" in report.keywords:
+        _skipped_enforcement.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _skipped_enforcement and abi_version() > 0:
+        print(f"\nFAIL: {len(_skipped_enforcement)} enforcement test(s) skipped although the kernel "
+              f"has Landlock ABI {abi_version()}:")
+        for nodeid in _skipped_enforcement:
+            print("  " + nodeid)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
