@@ -1,0 +1,148 @@
+"""landlock-supervisor: serve, run, ping, list, check."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="landlock-supervisor",
+                                description="A single-threaded fork-server that starts stdio servers "
+                                            "confined by Landlock, with a client's own fds as their stdio.")
+    p.add_argument("--socket", metavar="PATH", help="default: $LANDLOCK_SUPERVISOR_SOCKET, "
+                   "$XDG_RUNTIME_DIR/landlock-supervisor/socket, or /run/landlock-supervisor/socket as root")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the fork-server")
+    serve.add_argument("--manifests", action="append", required=True, metavar="PATH",
+                       help="a manifest file or a directory of *.yaml (repeatable)")
+    serve.add_argument("--allow-uid", action="append", type=int, default=[], metavar="UID")
+    serve.add_argument("--allow-group", action="append", default=[], metavar="GROUP")
+    serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
+    serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+
+    run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
+    run.add_argument("--manifests", action="append", default=[], metavar="PATH",
+                     help="with no supervisor running, start a private one with these")
+    run.add_argument("--env", action="append", default=[], metavar="NAME",
+                     help="pass NAME from this environment (the manifest must list it in client_env)")
+    run.add_argument("--state-root", metavar="DIR")
+    run.add_argument("name")
+    run.add_argument("args", nargs=argparse.REMAINDER)
+
+    sub.add_parser("ping", help="is the supervisor there?")
+    sub.add_parser("list", help="manifests and running children")
+    sub.add_parser("stats", help="counters, fds, memory")
+
+    check = sub.add_parser("check", help="what each manifest really gets on this kernel")
+    check.add_argument("--manifests", action="append", default=[], metavar="PATH")
+    check.add_argument("--state-root", metavar="DIR")
+    check.add_argument("--json", action="store_true")
+    check.add_argument("--profiles", action="store_true", help="list the built-in profiles")
+    check.add_argument("manifest", nargs="*", help="manifest files (or use --manifests)")
+    return p
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"landlock-supervisor: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check":
+        from .check import main as check_main
+        return check_main(args)
+    from . import client as clients
+    try:
+        if args.command == "run":
+            return _run(args)
+        reply = getattr(clients.Client(args.socket), args.command)()
+    except (OSError, TimeoutError, clients.SupervisorError) as e:
+        return _fail(1, str(e))
+    print(json.dumps(reply, indent=2, sort_keys=True))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import grp
+
+    from .manifest import ManifestError
+    from .server import Config, Limits, Supervisor, default_state_root
+    try:
+        gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
+    except KeyError as e:
+        return _fail(EXIT_USAGE, f"--allow-group: no such group {e}")
+    listen_fd = None
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and int(os.environ.get("LISTEN_FDS", "0")) >= 1:
+        listen_fd = 3  # SD_LISTEN_FDS_START
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    config = Config(manifest_paths=args.manifests, socket_path=args.socket, listen_fd=listen_fd,
+                    control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
+                    state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace))
+    try:
+        supervisor = Supervisor(config)
+    except (ManifestError, OSError) as e:
+        return _fail(EXIT_USAGE, f"not starting: {e}")
+    return supervisor.serve()
+
+
+def _client_for(args: argparse.Namespace) -> Any:
+    from . import client as clients
+    from .server import default_socket_path
+    path = args.socket or default_socket_path()
+    if args.manifests and not os.path.exists(path):
+        from .private import start
+        return start(args.manifests, state_root=args.state_root)
+    return clients.Client(path)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
+    from . import client as clients
+    from . import reap
+    extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+    env = {name: os.environ[name] for name in args.env if name in os.environ}
+    client = _client_for(args)
+    try:
+        try:
+            child = client.spawn(args.name, extra, stdin=0, stdout=1, stderr=2, env=env)
+        except clients.NoSuchManifest as e:
+            return _fail(EXIT_USAGE, str(e))
+        except clients.ConfinementUnavailable as e:
+            return _fail(EXIT_UNAVAILABLE, str(e))
+        except clients.SpawnFailed as e:
+            return _fail(EXIT_EXEC_FAILED, str(e))
+        except clients.SupervisorError as e:
+            return _fail(EXIT_USAGE if e.code.startswith("bad") else 1, str(e))
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w)
+        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        for sig in forwarded:
+            signal.signal(sig, lambda *_: None)
+        while child.exited is None:
+            ready, _, _ = select.select([child.fileno(), r], [], [])
+            if r in ready:
+                for sig in os.read(r, 64):
+                    child.signal(sig, wait=False)
+            if child.fileno() in ready:
+                child.poll()
+        return reap.shell_status(child.exited)
+    finally:
+        if hasattr(client, "close"):
+            client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Who is asking: the kernel's word (SO_PEERCRED, SO_PEERPIDFD), never the request's."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+from dataclasses import dataclass
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5
+_UCRED = struct.Struct("3i")
+
+
+@dataclass
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+    pidfd: int = -1   # pins pid against reuse while we look at /proc
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    def alive(self) -> bool:
+        if self.pidfd < 0:
+            return True
+        try:
+            signal.pidfd_send_signal(self.pidfd, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def credentials(sock: socket.socket) -> Peer:
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    try:
+        pidfd = struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+        os.set_inheritable(pidfd, False)
+    except OSError:
+        pidfd = -1
+    return Peer(pid, uid, gid, pidfd)
+
+
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat from the field after comm (state is [0], ppid [1], sid [3], starttime [19])."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2:].decode().split()
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ancestor is pid or one of its ancestors. As a subreaper, the
+    supervisor inherits its orphaned descendants, so the chain holds for them."""
+    seen = 0
+    while pid > 1 and seen < 4096:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(stat_fields(pid)[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        seen += 1
+    return pid == ancestor
+
+
+def groups_of(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return set()

@@ -1,0 +1,81 @@
+"""Private mode: a proxy's own fork-server, joined to it by a socketpair alone.
+
+No socket file exists, so no confined child can even name it. The server is
+a fresh interpreter (exec, not a fork of the proxy: the proxy may be large
+and have threads), and exits when the proxy's end of the channel closes.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from . import protocol
+from .client import Client
+
+_CONTROL_FD = 3
+
+
+class PrivateClient(Client):
+    """A Client whose every connection is a new socketpair handed over the control channel."""
+
+    def __init__(self, control: socket.socket, pid: int) -> None:
+        super().__init__(connect=self._pair)
+        self._control = control
+        self.server_pid = pid
+
+    def _pair(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            protocol.send(self._control, {"op": "connect"}, [theirs.fileno()])
+        except OSError as e:
+            ours.close()
+            raise ConnectionError(f"the private supervisor is gone: {e.strerror}") from None
+        finally:
+            theirs.close()
+        return ours
+
+    def close(self, timeout: float = 10) -> int | None:
+        """End the supervisor (and with it every child) and reap it."""
+        self._control.close()
+        try:
+            _, status = os.waitpid(self.server_pid, 0)
+        except ChildProcessError:
+            return None
+        return os.waitstatus_to_exitcode(status)
+
+    def __enter__(self) -> "PrivateClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
+          python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
+    """Start a private supervisor for these manifests; call early in main()."""
+    paths = [manifests] if isinstance(manifests, (str, os.PathLike)) else list(manifests)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = [python, "-m", "supervisor", "serve", "--control-fd", str(_CONTROL_FD)]
+    for p in paths:
+        argv += ["--manifests", os.fspath(p)]
+    if state_root:
+        argv += ["--state-root", state_root]
+    argv += list(extra_args)
+    # Its stdin and stdout are the proxy's protocol channel: keep off them.
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        pid = os.posix_spawn(python, argv, dict(os.environ), file_actions=[
+            (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
+            (os.POSIX_SPAWN_DUP2, theirs.fileno(), _CONTROL_FD)])
+    finally:
+        os.close(devnull)
+        theirs.close()
+    client = PrivateClient(ours, pid)
+    try:
+        client.ping()
+    except (OSError, TimeoutError) as e:
+        client.close()
+        raise RuntimeError(f"the private supervisor did not start: {e}") from None
+    return client

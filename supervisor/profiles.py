@@ -1,0 +1,218 @@
+"""Built-in sandbox profiles: what kinds of program need, measured on real servers.
+
+A profile is a function of the manifest's context (its command, the child's
+environment, its state directory) returning paths per class and env. Rules
+are put on symlink targets: Landlock binds a rule to the inode it opens.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+PathClasses = dict[str, list[str]]
+
+# Variables that name a CA bundle or directory: when a manifest passes one
+# through (as these machines need to reach registries), its file is granted.
+CA_VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO", "UV_CERT")
+
+
+@dataclass(frozen=True)
+class Context:
+    env: Mapping[str, str]      # the child's environment as the manifest builds it
+    state_dir: str | None
+    command: str
+
+
+@dataclass
+class Fragment:
+    paths: PathClasses = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, cls: str, *paths: str) -> None:
+        bucket = self.paths.setdefault(cls, [])
+        for p in paths:
+            if p not in bucket:
+                bucket.append(p)
+
+    def merge(self, other: "Fragment") -> None:
+        for cls, paths in other.paths.items():
+            self.add(cls, *paths)
+        self.env.update(other.env)
+        self.warnings += other.warnings
+
+
+def _real(*paths: str) -> list[str]:
+    """Each path and, when it is a symlink, its target too."""
+    out = []
+    for p in paths:
+        out.append(p)
+        real = os.path.realpath(p)
+        if real != p and os.path.exists(real):
+            out.append(real)
+    return out
+
+
+def _program(name: str, env: Mapping[str, str]) -> str | None:
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    return os.path.realpath(found) if found else None
+
+
+def _interpreters(program: str, env: Mapping[str, str]) -> list[str]:
+    """A script's shebang target, and for `env NAME` the NAME it finds."""
+    try:
+        with open(program, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return []
+    if not line.startswith(b"#!"):
+        return []
+    words = line[2:].decode(errors="replace").split()
+    if not words:
+        return []
+    out = _real(words[0])
+    if os.path.basename(words[0]) == "env":
+        name = next((w for w in words[1:] if not w.startswith("-")), None)
+        target = _program(name, env) if name else None
+        if target:
+            out.append(target)
+            out += _interpreters(target, env)
+    return out
+
+
+def system(ctx: Context) -> Fragment:
+    f = Fragment()
+    f.add("read_only", *_real("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/libexec"))
+    f.add("read_only", *_real(ctx.command), *_interpreters(ctx.command, ctx.env))
+    f.add("read_only_noexec", *_real("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                                     "/usr/share/locale", "/usr/share/zoneinfo", "/etc/localtime",
+                                     "/etc/timezone", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
+                                     "/etc/ssl/openssl.cnf", "/dev/urandom", "/dev/random"))
+    f.add("read_write_noexec", "/dev/null", "/dev/zero", "/dev/full")
+    return f
+
+
+def dns_tls(ctx: Context) -> Fragment:
+    f = Fragment()
+    f.add("read_only_noexec", *_real("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf",
+                                     "/etc/gai.conf", "/etc/nsswitch.conf", "/etc/ssl/certs",
+                                     "/usr/share/ca-certificates", "/etc/ca-certificates",
+                                     "/etc/pki", "/usr/lib/ssl"))
+    for var in CA_VARIABLES:
+        if ctx.env.get(var, "").startswith("/"):
+            f.add("read_only_noexec", *_real(ctx.env[var]))
+    return f
+
+
+def node(ctx: Context) -> Fragment:
+    f = Fragment()
+    binary = _program("node", ctx.env)
+    if binary is None:
+        f.warnings.append("profile node: no node on the child's PATH")
+    else:
+        f.add("read_only", binary)
+    return f
+
+
+def _needs_state(ctx: Context, profile: str) -> str:
+    if not ctx.state_dir:
+        raise ValueError(f"profile {profile} needs `state_dir: true` (its caches live there, "
+                         "never shared with another server or the user's own tools)")
+    return ctx.state_dir
+
+
+def npx(ctx: Context) -> Fragment:
+    state = _needs_state(ctx, "npx")
+    f = Fragment()
+    f.merge(node(ctx))
+    f.merge(dns_tls(ctx))
+    for name in ("npx", "npm", "sh"):
+        found = _program(name, ctx.env)
+        if found:
+            f.add("read_only", found)
+    npm_root = os.path.realpath("/usr/lib/node_modules/npm")
+    f.add("read_only", *_real("/usr/lib/node_modules", "/usr/share/nodejs"))
+    if os.path.isdir(npm_root):
+        f.add("read_only", npm_root)
+    f.add("read_only_noexec", *_real("/usr/etc/npmrc", "/etc/npmrc"))
+    f.env.update({
+        "npm_config_cache": os.path.join(state, "npm-cache"),
+        "npm_config_logs_dir": os.path.join(state, "npm-logs"),
+        "npm_config_userconfig": os.path.join(state, "npmrc"),
+        "npm_config_update_notifier": "false",
+        "npm_config_fund": "false",
+        "npm_config_audit": "false",
+    })
+    # npx installs what it runs into the cache: that tree must also execute.
+    f.add("read_write", os.path.join(state, "npm-cache"))
+    return f
+
+
+def _venv_root(program: str) -> str | None:
+    d = os.path.dirname(os.path.abspath(program))
+    while d != "/":
+        if os.path.isfile(os.path.join(d, "pyvenv.cfg")):
+            return d
+        d = os.path.dirname(d)
+    return None
+
+
+def python(ctx: Context) -> Fragment:
+    f = Fragment()
+    venv = _venv_root(ctx.command)
+    if venv:
+        f.add("read_only", venv)
+        try:
+            with open(os.path.join(venv, "pyvenv.cfg")) as cfg:
+                settings = dict(line.split("=", 1) for line in cfg if "=" in line)
+            home = settings.get("home ", settings.get("home", "")).strip()
+        except OSError:
+            home = ""
+        if home:
+            for name in os.listdir(home):
+                if name.startswith("python3"):
+                    f.add("read_only", *_real(os.path.join(home, name)))
+    for interpreter in _interpreters(ctx.command, ctx.env):
+        f.add("read_only", interpreter)
+    return f
+
+
+def uvx(ctx: Context) -> Fragment:
+    state = _needs_state(ctx, "uvx")
+    f = Fragment()
+    f.merge(dns_tls(ctx))
+    f.merge(python(ctx))
+    for name in ("uv", "uvx", "sh", "dirname", "realpath", "python3"):
+        found = _program(name, ctx.env)
+        if found:
+            f.add("read_only", *_real(found))
+    f.env.update({
+        "UV_CACHE_DIR": os.path.join(state, "uv-cache"),
+        "UV_TOOL_DIR": os.path.join(state, "uv-tools"),
+        "UV_TOOL_BIN_DIR": os.path.join(state, "uv-bin"),
+        "UV_PYTHON_INSTALL_DIR": os.path.join(state, "uv-python"),
+        "UV_NO_CONFIG": "1",
+        "XDG_DATA_HOME": os.path.join(state, "data"),
+    })
+    f.add("read_write", os.path.join(state))
+    return f
+
+
+PROFILES: dict[str, Callable[[Context], Fragment]] = {
+    "system": system, "dns-tls": dns_tls, "node": node, "npx": npx, "python": python, "uvx": uvx,
+}
+
+
+def combine(names: Iterable[str], ctx: Context, fail: Callable[[str], None]) -> Fragment:
+    out = Fragment()
+    for name in names:
+        if name not in PROFILES:
+            fail(f"unknown profile {name!r} (known: {', '.join(PROFILES)})")
+        try:
+            out.merge(PROFILES[name](ctx))
+        except ValueError as e:
+            fail(str(e))
+    return out

@@ -1,0 +1,94 @@
+"""The wire protocol: one JSON object per SOCK_SEQPACKET datagram, fds by SCM_RIGHTS.
+
+See docs/protocol.md. Every received fd is close-on-exec from the moment it
+arrives (MSG_CMSG_CLOEXEC), and a message that was truncated, or that
+brought other fds than expected, is rejected with all its fds closed.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+from typing import Any
+
+VERSION = 1
+MAX_MESSAGE = 64 * 1024
+MAX_FDS = 3
+# Room for one fd more than allowed, so that an extra one is seen and refused
+# rather than silently cut (MSG_CTRUNC); alignment may add room for another.
+_CMSG_SPACE = socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol; `code` is machine-readable."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    data = json.dumps({"v": VERSION, **message}, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE}", "too_large")
+    return data
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    data = encode(message)
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
+def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and its fds; (None, []) at end of stream.
+
+    Raises ProtocolError after closing whatever fds came with a bad message.
+    """
+    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, socket.MSG_CMSG_CLOEXEC)
+    fds = _fds(ancdata)
+    try:
+        if flags & socket.MSG_CTRUNC:
+            raise ProtocolError("too many file descriptors attached", "bad_fds")
+        if flags & socket.MSG_TRUNC or len(data) > MAX_MESSAGE:
+            raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes", "too_large")
+        if not data:
+            if fds:
+                raise ProtocolError("empty message", "bad_request")
+            return None, []
+        return decode(data), fds
+    except ProtocolError:
+        close_all(fds)
+        raise
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    if message.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {message.get('v')!r} (this is {VERSION})",
+                            "bad_version")
+    return message
+
+
+def _fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[:len(payload) - len(payload) % arr.itemsize])
+            fds.extend(arr)
+    return fds
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

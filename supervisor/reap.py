@@ -1,0 +1,40 @@
+"""Exit statuses, and reaping every child (grandchildren too, as subreaper)."""
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+
+def reap_all() -> Iterator[tuple[int, int, Any]]:
+    """(pid, status, rusage) of each child that has ended, without blocking."""
+    while True:
+        try:
+            pid, status, rusage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status, rusage
+
+
+def describe(status: int, rusage: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"code": None, "signal": None}
+    if os.WIFEXITED(status):
+        out["code"] = os.WEXITSTATUS(status)
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        out["signal"] = sig
+        try:
+            out["signal_name"] = signal.Signals(sig).name
+        except ValueError:
+            pass
+    out["rusage"] = {"utime": round(rusage.ru_utime, 6), "stime": round(rusage.ru_stime, 6),
+                     "maxrss_kib": rusage.ru_maxrss}
+    return out
+
+
+def shell_status(exited: dict[str, Any]) -> int:
+    """The status a shell would give: the code, or 128 + the signal."""
+    return exited["code"] if exited.get("code") is not None else 128 + (exited.get("signal") or 0)

@@ -1,0 +1,733 @@
+"""The fork-server: one thread, one selectors loop, for its whole life.
+
+Imports stay lean (no threading, logging, asyncio or subprocess): each of
+them makes every fork slower, and threading would make fork unsound.
+"""
+from __future__ import annotations
+
+import fcntl
+import heapq
+import itertools
+import os
+import selectors
+import signal
+import socket
+import stat
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import prctl
+
+import landlock
+
+from . import manifest as manifests
+from . import peers, protocol, reap, spawn
+from .manifest import Manifest, ManifestError
+
+CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Reset in every child: what we catch, and what Python ignores at start-up.
+RESET_SIGNALS = sorted({*CAUGHT_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ})
+
+
+@dataclass
+class Limits:
+    children: int = 256           # in total
+    children_per_uid: int = 64
+    connections: int = 512
+    request_deadline: float = 5.0  # seconds a connection has to send its first request
+    grace: float = 5.0            # TERM, then KILL this long after
+    max_args: int = 256
+    max_arg_bytes: int = 32 * 1024
+
+
+@dataclass
+class Connection:
+    sock: socket.socket
+    peer: peers.Peer
+    control: bool = False          # private mode's control channel
+    session: "Session | None" = None
+    deadline: Any = None
+
+
+@dataclass
+class Session:
+    pid: int
+    manifest: Manifest
+    conn: Connection | None
+    report: dict[str, Any]
+    uid: int
+    errpipe: int = -1               # open until exec (EOF) or a failure report
+    spawned: bool = False           # the `spawned` reply went out
+    exited: dict[str, Any] | None = None
+    kill_reason: str | None = None
+    record: str | None = None       # the file in sessions/ that outlives a crash
+    kill_timer: Any = None
+
+
+@dataclass
+class Config:
+    manifest_paths: list[str]
+    socket_path: str | None = None
+    listen_fd: int | None = None    # systemd socket activation
+    control_fd: int | None = None   # private mode
+    allow_uids: frozenset[int] = frozenset()
+    allow_gids: frozenset[int] = frozenset()
+    state_root: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def log(message: str) -> None:
+    try:
+        os.write(2, f"landlock-supervisor[{os.getpid()}]: {message}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def default_socket_path() -> str:
+    env = os.environ.get("LANDLOCK_SUPERVISOR_SOCKET")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/run/landlock-supervisor/socket"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime:
+        raise SystemExit("landlock-supervisor: XDG_RUNTIME_DIR is not set: give --socket PATH")
+    return os.path.join(runtime, "landlock-supervisor", "socket")
+
+
+def default_state_root() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/landlock-supervisor"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "landlock-supervisor")
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        _keep_stdio_open()
+        self.config = config
+        self.limits = config.limits
+        self.pid = os.getpid()
+        self.selector = selectors.DefaultSelector()
+        self.timers: list[tuple[float, int, Callable[[], None]]] = []
+        self.timer_seq = itertools.count()
+        self.connections: dict[int, Connection] = {}
+        self.sessions: dict[int, Session] = {}
+        self.confinements: dict[landlock.Spec, landlock.Confinement] = {}
+        self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
+        self.stopping = False
+        self.listener: socket.socket | None = None
+        self.owns_socket_path = False
+        self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        self.manifests = self._load_manifests()
+
+    # ---- start-up -------------------------------------------------------
+
+    def _load_manifests(self) -> dict[str, Manifest]:
+        loaded = manifests.load_all(self.config.manifest_paths, state_root=self.config.state_root)
+        for m in loaded.values():
+            for warning in m.warnings:
+                log(f"{m.source}: warning: {warning}")
+            self._ensure_state_dir(m)
+        return loaded
+
+    def _ensure_state_dir(self, m: Manifest) -> None:
+        """The server's own state directory (and the writable ones the profiles
+        put in it) must exist before its rules are built: a missing path
+        would be skipped, not granted."""
+        if not m.state_dir:
+            return
+        creds = landlock.privileges.resolve(m.spec.user, m.spec.group)
+        wanted = [m.state_dir] + [p for cls in ("read_write", "read_write_noexec")
+                                  for p in getattr(m.spec, cls) if p.startswith(m.state_dir + "/")]
+        for path in wanted:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            if creds is not None:
+                os.chown(path, creds.uid, creds.gid)
+
+    def _open_listener(self) -> None:
+        if self.config.listen_fd is not None:
+            sock = socket.socket(fileno=self.config.listen_fd)
+            if sock.type != socket.SOCK_SEQPACKET or sock.family != socket.AF_UNIX:
+                raise SystemExit("landlock-supervisor: the activation socket must be AF_UNIX SOCK_SEQPACKET")
+            sock.set_inheritable(False)  # systemd passes it inheritable
+        else:
+            path = self.config.socket_path or default_socket_path()
+            open_to_others = bool(self.config.allow_uids or self.config.allow_gids)
+            directory = os.path.dirname(path)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o711 if open_to_others else 0o700)
+            self._clear_stale(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            old = os.umask(0o177)
+            try:
+                sock.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o666 if open_to_others else 0o600)
+            self.config.socket_path = path
+            self.owns_socket_path = True
+            sock.listen(128)
+        sock.setblocking(False)
+        self.listener = sock
+        self.selector.register(sock, selectors.EVENT_READ, self._accept)
+
+    @staticmethod
+    def _clear_stale(path: str) -> None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SystemExit(f"landlock-supervisor: {path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: a crashed supervisor's
+            return
+        finally:
+            probe.close()
+        raise SystemExit(f"landlock-supervisor: another supervisor is listening on {path}")
+
+    def _sessions_dir(self) -> str | None:
+        if self.config.control_fd is not None or not self.config.state_root:
+            return None  # private mode: our proxy's lifetime bounds the children
+        return os.path.join(self.config.state_root, "sessions")
+
+    def _end_survivors(self) -> None:
+        """Sessions a crashed supervisor left: PDEATHSIG ends direct children
+        only, so their descendants may still run."""
+        directory = self._sessions_dir()
+        if directory is None:
+            return
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for name in os.listdir(directory):
+            sid_text, _, start = name.partition(".")
+            if sid_text.isdigit():
+                killed = _kill_session(int(sid_text), start)
+                if killed:
+                    log(f"ended {killed} process(es) left from session {sid_text} by a previous supervisor")
+            os.unlink(os.path.join(directory, name))
+
+    def _install_signals(self) -> None:
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wakeup_r = r
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        for sig in CAUGHT_SIGNALS:
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the number
+        self.selector.register(r, selectors.EVENT_READ, self._on_signals)
+
+    # ---- the loop -------------------------------------------------------
+
+    def serve(self) -> int:
+        prctl.set_child_subreaper(1)
+        self._end_survivors()
+        self._install_signals()
+        if self.config.control_fd is not None:
+            control = socket.socket(fileno=self.config.control_fd)
+            control.set_inheritable(False)
+            control.setblocking(False)
+            self._add_connection(control, peers.credentials(control), control=True)
+        else:
+            self._open_listener()
+            log(f"serving {len(self.manifests)} manifest(s) on {self.config.socket_path}")
+        while not (self.stopping and not self.sessions):
+            timeout = None
+            if self.timers:
+                timeout = max(0.0, self.timers[0][0] - time.monotonic())
+            for key, _ in self.selector.select(timeout):
+                key.data(key)
+            now = time.monotonic()
+            while self.timers and self.timers[0][0] <= now:
+                _, _, callback = heapq.heappop(self.timers)
+                callback()
+        self._finish()
+        return 0
+
+    def _at(self, delay: float, callback: Callable[[], None]) -> list[bool]:
+        """Run callback after delay; the returned flag cancels it when set."""
+        cancelled = [False]
+        heapq.heappush(self.timers, (time.monotonic() + delay, next(self.timer_seq),
+                                     lambda: None if cancelled[0] else callback()))
+        return cancelled
+
+    def _on_signals(self, key: Any) -> None:
+        try:
+            data = os.read(self.wakeup_r, 512)
+        except BlockingIOError:
+            return
+        received = set(data)
+        if signal.SIGCHLD in received:
+            self._reap()
+        if signal.SIGHUP in received:
+            self._reload()
+        if received & {signal.SIGTERM, signal.SIGINT}:
+            self.shutdown("shutdown")
+
+    def _reload(self) -> None:
+        try:
+            new = self._load_manifests()
+        except (ManifestError, OSError) as e:
+            log(f"reload failed, keeping the {len(self.manifests)} manifest(s) in force: {e}")
+            return
+        self.manifests = new
+        for confinement in self.confinements.values():
+            confinement.close()
+        self.confinements.clear()
+        log(f"reloaded {len(new)} manifest(s)")
+
+    def shutdown(self, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.listener is not None:
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+            self._remove_socket_path()
+        for session in list(self.sessions.values()):
+            self._terminate(session, reason)
+
+    def _remove_socket_path(self) -> None:
+        if self.owns_socket_path and self.config.socket_path:
+            try:
+                os.unlink(self.config.socket_path)
+            except FileNotFoundError:
+                pass
+            self.owns_socket_path = False
+
+    def _finish(self) -> None:
+        # Reparented descendants that outlived their session's leader; killing
+        # one orphans its own children to us in turn.
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            left = _children_of(self.pid)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for _ in reap.reap_all():
+                pass
+            time.sleep(0.01)
+        for conn in list(self.connections.values()):
+            self._close(conn)
+        self._remove_socket_path()
+
+    # ---- connections ----------------------------------------------------
+
+    def _accept(self, key: Any) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                # EMFILE/ENFILE: leave the backlog; retry on the next event.
+                log(f"accept: {e}")
+                return
+            sock.setblocking(False)
+            try:
+                peer = peers.credentials(sock)
+            except OSError:
+                sock.close()
+                continue
+            refusal = self._refusal(peer)
+            if refusal:
+                self.stats["refused"] += 1
+                self._reply(sock, {"event": "error", "code": "refused_peer", "error": refusal})
+                peer.close()
+                sock.close()
+                continue
+            self._add_connection(sock, peer)
+
+    def _refusal(self, peer: peers.Peer) -> str | None:
+        if len(self.connections) >= self.limits.connections:
+            return "too many connections"
+        if peer.uid not in (os.geteuid(), *self.config.allow_uids) and not (
+                self.config.allow_gids and ({peer.gid} | peers.groups_of(peer.pid)) & self.config.allow_gids):
+            return f"uid {peer.uid} is not allowed to use this supervisor"
+        if peers.descends_from(peer.pid, self.pid) or not peer.alive():
+            return "a process started by this supervisor may not ask it for spawns"
+        return None
+
+    def _add_connection(self, sock: socket.socket, peer: peers.Peer, control: bool = False) -> Connection:
+        conn = Connection(sock, peer, control=control)
+        self.connections[sock.fileno()] = conn
+        self.selector.register(sock, selectors.EVENT_READ, lambda key: self._on_readable(conn))
+        if not control:
+            conn.deadline = self._at(self.limits.request_deadline, lambda: self._expire(conn))
+        return conn
+
+    def _expire(self, conn: Connection) -> None:
+        if conn.session is None and conn.sock.fileno() in self.connections:
+            self._reply(conn.sock, {"event": "error", "code": "timeout",
+                                    "error": f"no request within {self.limits.request_deadline} s"})
+            self._close(conn)
+
+    def _close(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        if self.connections.pop(fd, None) is None:
+            return
+        if conn.deadline is not None:
+            conn.deadline[0] = True
+        self.selector.unregister(conn.sock)
+        conn.sock.close()
+        conn.peer.close()
+        session = conn.session
+        if session is not None:
+            session.conn = None
+            if session.manifest.on_disconnect == "kill" and session.exited is None:
+                self._terminate(session, "client_gone")
+        if conn.control:
+            self.shutdown("shutdown")
+
+    def _reply(self, sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> bool:
+        try:
+            protocol.send(sock, message, fds)
+            return True
+        except OSError:
+            return False  # a peer that does not read its replies is dropped by the caller
+
+    def _send(self, conn: Connection | None, message: dict[str, Any]) -> None:
+        if conn is not None and not self._reply(conn.sock, message):
+            self._close(conn)
+
+    def _on_readable(self, conn: Connection) -> None:
+        if conn.sock.fileno() not in self.connections:
+            return
+        try:
+            message, fds = protocol.recv(conn.sock)
+        except (BlockingIOError, InterruptedError):
+            return
+        except protocol.ProtocolError as e:
+            self.stats["refused"] += 1
+            self._send(conn, {"event": "error", "code": e.code, "error": str(e)})
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if message is None:
+            self._close(conn)
+            return
+        try:
+            self._dispatch(conn, message, fds)
+        except protocol.ProtocolError as e:
+            protocol.close_all(fds)
+            self.stats["refused"] += 1
+            self._send(conn, {"event": "error", "code": e.code, "error": str(e), "op": message.get("op")})
+
+    def _dispatch(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        if conn.control:
+            if op != "connect":
+                raise protocol.ProtocolError(f"the control channel takes only 'connect', not {op!r}")
+            self._connect(conn, fds)
+            return
+        if op == "spawn":
+            if conn.session is not None:
+                raise protocol.ProtocolError("this connection has spawned already: one connection per child",
+                                             "already_spawned")
+            self._spawn(conn, message, fds)
+            return
+        if fds:
+            raise protocol.ProtocolError(f"{op!r} takes no file descriptors", "bad_fds")
+        if op == "ping":
+            self._send(conn, {"event": "pong", "pid": self.pid})
+        elif op == "list":
+            self._send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
+                {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
+                 "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None}
+                for s in self.sessions.values()]})
+        elif op == "stats":
+            self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
+                              "connections": len(self.connections), "fds": len(os.listdir("/proc/self/fd")),
+                              "rss_kib": _rss_kib()})
+        elif op in ("signal", "status"):
+            session = conn.session
+            if session is None:
+                raise protocol.ProtocolError(f"{op!r} needs a spawned child on this connection", "no_child")
+            if op == "status":
+                self._send(conn, {"event": "status", "pid": session.pid, "running": session.exited is None,
+                                  "exited": session.exited})
+            else:
+                self._signal(conn, session, message)
+        else:
+            raise protocol.ProtocolError(f"unknown operation {op!r}", "bad_op")
+
+    def _connect(self, control: Connection, fds: list[int]) -> None:
+        """Private mode: the proxy hands over one end of a fresh socketpair."""
+        if len(fds) != 1:
+            raise protocol.ProtocolError(f"'connect' takes exactly 1 fd, got {len(fds)}", "bad_fds")
+        try:
+            sock = socket.socket(fileno=fds[0])
+        except OSError:
+            raise protocol.ProtocolError("'connect' needs a socket", "bad_fds") from None
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
+            sock.close()
+            raise protocol.ProtocolError("'connect' needs an AF_UNIX SOCK_SEQPACKET socket", "bad_fds")
+        sock.setblocking(False)
+        peer = peers.Peer(control.peer.pid, control.peer.uid, control.peer.gid)
+        if len(self.connections) >= self.limits.connections:
+            self._reply(sock, {"event": "error", "code": "refused_peer", "error": "too many connections"})
+            sock.close()
+            return
+        self._add_connection(sock, peer)
+
+    def _signal(self, conn: Connection, session: Session, message: dict[str, Any]) -> None:
+        sig = message.get("signal", signal.SIGTERM)
+        try:
+            sig = signal.Signals[sig] if isinstance(sig, str) else signal.Signals(sig)
+        except (KeyError, ValueError):
+            raise protocol.ProtocolError(f"unknown signal {message.get('signal')!r}", "bad_signal") from None
+        if session.exited is not None:
+            self._send(conn, {"event": "error", "code": "exited", "error": "the child has exited", "op": "signal"})
+            return
+        session.kill_reason = "signalled_on_request"
+        try:
+            if message.get("group", True):
+                os.killpg(session.pid, sig)
+            else:
+                os.kill(session.pid, sig)
+        except ProcessLookupError:
+            pass
+        self._send(conn, {"event": "signalled", "signal": sig.value})
+
+    # ---- spawning -------------------------------------------------------
+
+    def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
+        try:
+            launch, stdio = self._plan(conn, request, fds)
+        except landlock.LandlockUnavailable as e:
+            raise protocol.ProtocolError(str(e), "confinement_unavailable") from None
+        except landlock.SpecError as e:
+            raise protocol.ProtocolError(str(e), "bad_spec") from None
+        if conn.deadline is not None:
+            conn.deadline[0] = True
+        try:
+            pid, errpipe = spawn.spawn(launch, stdio, RESET_SIGNALS, self.stat_fd)
+        except OSError as e:
+            raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
+        finally:
+            protocol.close_all(fds)
+        os.sched_yield()  # on 2 cores, let the child run before we go on
+        session = Session(pid, self.manifests[request["manifest"]], conn,
+                          dict(launch.confinement.report.to_dict(), tid=pid), conn.peer.uid, errpipe)
+        conn.session = session
+        self.sessions[pid] = session
+        self.selector.register(errpipe, selectors.EVENT_READ, lambda key: self._on_errpipe(session))
+
+    def _plan(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> tuple[spawn.Launch, list[int]]:
+        name = request.get("manifest")
+        if not isinstance(name, str) or name not in self.manifests:
+            raise protocol.ProtocolError(f"no such manifest {name!r}", "no_such_manifest")
+        if self.stopping:
+            raise protocol.ProtocolError("the supervisor is shutting down", "shutting_down")
+        m = self.manifests[name]
+        if len(fds) != 3:
+            raise protocol.ProtocolError(f"'spawn' takes exactly 3 fds (stdin, stdout, stderr), got {len(fds)}",
+                                         "bad_fds")
+        for i, fd in enumerate(fds):
+            _check_stdio(i, fd)
+        if len(self.sessions) >= self.limits.children:
+            raise protocol.ProtocolError(f"the supervisor runs {len(self.sessions)} children, its limit",
+                                         "too_many_children")
+        if sum(s.uid == conn.peer.uid for s in self.sessions.values()) >= self.limits.children_per_uid:
+            raise protocol.ProtocolError(f"uid {conn.peer.uid} has {self.limits.children_per_uid} children, "
+                                         "its limit", "too_many_children")
+        args = request.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise protocol.ProtocolError("args: expected a list of strings")
+        if args and not m.client_args:
+            raise protocol.ProtocolError(f"manifest {name!r} does not let clients add arguments", "args_refused")
+        if len(args) > self.limits.max_args or sum(map(len, args)) > self.limits.max_arg_bytes:
+            raise protocol.ProtocolError("args: too many or too long", "too_large")
+        client_env = request.get("env") or {}
+        if not isinstance(client_env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and "\0" not in v for k, v in client_env.items()):
+            raise protocol.ProtocolError("env: expected an object of strings")
+        refused = sorted(set(client_env) - m.client_env)
+        if refused:
+            raise protocol.ProtocolError(f"env: manifest {name!r} does not take {', '.join(refused)} from clients "
+                                         f"(it takes: {', '.join(sorted(m.client_env)) or 'nothing'})",
+                                         "env_refused")
+        spec = manifests.narrow(m, request.get("narrow"))
+        launch = spawn.Launch(m.command, [m.command, *m.args, *args],
+                              m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec))
+        return launch, fds
+
+    def _confinement(self, spec: landlock.Spec) -> landlock.Confinement:
+        """Built once per spec, reused while its paths are the same inodes."""
+        confinement = self.confinements.get(spec)
+        if confinement is not None and confinement.ruleset.is_current():
+            return confinement
+        if confinement is not None:
+            confinement.close()
+            del self.confinements[spec]
+        if len(self.confinements) >= 64:  # narrowed specs: keep the cache bounded
+            oldest = next(iter(self.confinements))
+            self.confinements.pop(oldest).close()
+        confinement = landlock.prepare(spec)
+        self.confinements[spec] = confinement
+        return confinement
+
+    def _on_errpipe(self, session: Session) -> None:
+        try:
+            data = os.read(session.errpipe, 4096)
+        except BlockingIOError:
+            return
+        self.selector.unregister(session.errpipe)
+        os.close(session.errpipe)
+        session.errpipe = -1
+        if data:
+            error = spawn.read_error(data)
+            self.stats["failed"] += 1
+            self._send(session.conn, {"event": "error", "code": "spawn_failed", "stage": error.stage,
+                                      "errno": error.errno, "error": f"{session.manifest.name}: {error}",
+                                      "op": "spawn"})
+            session.kill_reason = "spawn_failed"
+            if session.exited is not None:
+                self._forget(session)
+            return
+        self.stats["spawned"] += 1
+        session.spawned = True
+        session.record = self._record(session.pid)
+        self._send(session.conn, {"event": "spawned", "pid": session.pid, "pgid": session.pid,
+                                  "manifest": session.manifest.name, "report": session.report})
+        if session.exited is not None:
+            self._announce_exit(session)
+        elif session.kill_reason in ("client_gone", "shutdown"):
+            self._terminate(session, session.kill_reason)
+
+    def _record(self, pid: int) -> str | None:
+        directory = self._sessions_dir()
+        if directory is None:
+            return None
+        try:
+            path = os.path.join(directory, f"{pid}.{peers.stat_fields(pid)[19]}")
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+            return path
+        except (OSError, IndexError):
+            return None
+
+    # ---- ending ---------------------------------------------------------
+
+    def _terminate(self, session: Session, reason: str) -> None:
+        """TERM the child's process group, KILL it after the grace period."""
+        if session.exited is not None:
+            return
+        session.kill_reason = session.kill_reason if session.kill_reason == "spawn_failed" else reason
+        if session.errpipe >= 0:
+            return  # not exec'd yet: _on_errpipe terminates it once it is
+        _killpg(session.pid, signal.SIGTERM)
+        if session.kill_timer is None:
+            session.kill_timer = self._at(self.limits.grace, lambda: _killpg(session.pid, signal.SIGKILL))
+
+    def _reap(self) -> None:
+        for pid, status, rusage in reap.reap_all():
+            session = self.sessions.get(pid)
+            if session is None:
+                self.stats["reaped_orphans"] += 1
+                continue
+            session.exited = reap.describe(status, rusage)
+            # What is left of its process group goes with it.
+            _killpg(pid, signal.SIGTERM)
+            self._at(self.limits.grace, lambda pid=pid: _killpg(pid, signal.SIGKILL))
+            if session.errpipe >= 0:
+                continue  # _on_errpipe reports it, in order
+            if session.spawned:
+                self._announce_exit(session)
+            else:
+                self._forget(session)
+
+    def _announce_exit(self, session: Session) -> None:
+        exited = session.exited
+        reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
+        self.stats["exited"] += 1
+        self._send(session.conn, {"event": "exited", "pid": session.pid, "reason": reason, **exited})
+        self._forget(session)
+
+    def _forget(self, session: Session) -> None:
+        if session.kill_timer is not None:
+            session.kill_timer[0] = True
+        self.sessions.pop(session.pid, None)
+        if session.record:
+            try:
+                os.unlink(session.record)
+            except FileNotFoundError:
+                pass
+
+
+def _check_stdio(index: int, fd: int) -> None:
+    names = ("stdin", "stdout", "stderr")
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError as e:
+        raise protocol.ProtocolError(f"{names[index]}: unusable fd: {e.strerror}", "bad_fds") from None
+    if flags & os.O_PATH or stat.S_ISDIR(st.st_mode):
+        raise protocol.ProtocolError(f"{names[index]}: a directory or O_PATH fd is no stdio", "bad_fds")
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(peers.stat_fields(int(name))[1]) == pid:
+                    out.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _kill_session(sid: int, start: str) -> int:
+    """KILL every process of session sid, unless pid sid is a newer process."""
+    try:
+        if peers.stat_fields(sid)[19] != start:
+            return 0
+    except (OSError, IndexError):
+        pass  # the leader is gone; its session id cannot be reused while members live
+    killed = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(peers.stat_fields(int(name))[3]) == sid:
+                    os.kill(int(name), signal.SIGKILL)
+                    killed += 1
+            except (OSError, ValueError, IndexError):
+                pass
+    return killed
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _keep_stdio_open() -> None:
+    """Fds 0-2 always open, so a received fd never lands on them."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open("/dev/null", os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd, inheritable=False)
+                os.close(null)
