@@ -1,0 +1,152 @@
+"""The client library for asyncio proxies: the same calls, awaitable.
+
+    client = AsyncClient()
+    child = await client.spawn("filesystem", stdin=r, stdout=w, stderr=2)
+    status = await child.wait()
+"""
+from __future__ import annotations
+
+import asyncio
+import signal as signals
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import landlock
+
+from . import protocol
+from .client import SupervisorError, _connect_path, error_from, spawn_request
+
+
+async def _receive(sock: socket.socket) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            message, fds = protocol.recv(sock)
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(sock.fileno())
+            continue
+        protocol.close_all(fds)
+        if message is None:
+            raise ConnectionError("the supervisor closed the connection")
+        return message
+
+
+class AsyncChild:
+    def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
+        self._sock = sock
+        self.pid: int = spawned["pid"]
+        self.pgid: int = spawned["pgid"]
+        self.manifest: str = spawned.get("manifest", "")
+        self.report = landlock.Report.from_dict(spawned["report"])
+        self.exited: dict[str, Any] | None = None
+        self._lock = asyncio.Lock()   # one reader of the connection at a time
+
+    @property
+    def returncode(self) -> int | None:
+        if self.exited is None:
+            return None
+        return self.exited["code"] if self.exited["code"] is not None else -self.exited["signal"]
+
+    async def _next(self) -> dict[str, Any]:
+        message = await _receive(self._sock)
+        if message.get("event") == "exited":
+            self.exited = message
+        return message
+
+    async def wait(self) -> int:
+        async with self._lock:
+            while self.exited is None:
+                await self._next()
+        return self.returncode
+
+    async def signal(self, sig: int = signals.SIGTERM, group: bool = True) -> None:
+        if self.exited is not None:
+            return
+        async with self._lock:
+            protocol.send(self._sock, {"op": "signal", "signal": int(sig), "group": group})
+            while True:
+                reply = await self._next()
+                if reply.get("event") == "signalled":
+                    return
+                if reply.get("event") == "error":
+                    if reply.get("code") == "exited":
+                        return
+                    raise error_from(reply)
+
+    async def terminate(self) -> None:
+        await self.signal(signals.SIGTERM)
+
+    async def kill(self) -> None:
+        await self.signal(signals.SIGKILL)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    async def __aenter__(self) -> "AsyncChild":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self.exited is None:
+                await self.kill()
+                await asyncio.wait_for(self.wait(), 10)
+        except (OSError, SupervisorError, asyncio.TimeoutError):
+            pass
+        self.close()
+
+
+class AsyncClient:
+    def __init__(self, socket_path: str | None = None, *,
+                 connect: Callable[[], socket.socket] | None = None) -> None:
+        if connect is None:
+            from .server import default_socket_path
+            path = socket_path or default_socket_path()
+            connect = lambda: _connect_path(path)  # noqa: E731
+        self._connect = connect
+
+    @classmethod
+    def private(cls, client: Any) -> "AsyncClient":
+        """Share a private supervisor started with supervisor.start()."""
+        return cls(connect=client._connect)
+
+    async def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
+                    stderr: int = 2, env: Mapping[str, str] | None = None,
+                    narrow: Mapping[str, Any] | None = None) -> AsyncChild:
+        sock = self._connect()
+        sock.setblocking(False)
+        try:
+            protocol.send(sock, spawn_request(name, args, env, narrow), [stdin, stdout, stderr])
+            reply = await _receive(sock)
+            if reply.get("event") != "spawned":
+                raise error_from(reply)
+        except BaseException:
+            sock.close()
+            raise
+        return AsyncChild(sock, reply)
+
+    async def _short(self, op: str) -> dict[str, Any]:
+        sock = self._connect()
+        sock.setblocking(False)
+        try:
+            protocol.send(sock, {"op": op})
+            reply = await _receive(sock)
+        finally:
+            sock.close()
+        if reply.get("event") == "error":
+            raise error_from(reply)
+        return reply
+
+    async def ping(self) -> dict[str, Any]:
+        return await self._short("ping")
+
+    async def list(self) -> dict[str, Any]:
+        return await self._short("list")
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._short("stats")
