@@ -6,7 +6,6 @@ Flags follow landrun's (--ro, --rox, --rw, --rwx, --bind-tcp, --connect-tcp,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import NoReturn
@@ -117,8 +116,17 @@ def spec_from_args(args: argparse.Namespace) -> Spec:
     return spec
 
 
-def _uses_path_flags(args: argparse.Namespace) -> bool:
-    return any((args.ro, args.rox, args.rw, args.rwx, args.unix, args.unrestricted_filesystem))
+# Flags that build a spec: with a spec in the environment they would be
+# silently ignored, so they are refused.
+_SPEC_FLAGS = ("ro", "rox", "rw", "rwx", "unix", "bind_tcp", "connect_tcp", "bind_udp",
+               "connect_udp", "env", "best_effort", "unrestricted_filesystem",
+               "unrestricted_network", "require", "scope", "rlimit", "landlock_log", "user",
+               "keep_capabilities", "lax_paths", "max_abi")
+
+
+def _spec_flags_given(args: argparse.Namespace) -> list[str]:
+    return ["--" + name.replace("_", "-") for name in _SPEC_FLAGS
+            if getattr(args, name) not in (None, False, [])]
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -132,8 +140,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         spec, passed_env = gocompat.spec_from_environ(os.environ)
         if spec is None:
             spec, env = spec_from_args(args), _environment(args.env)
-        elif _uses_path_flags(args):
-            raise SpecError("a spec in the environment and path flags together: use one")
+        elif _spec_flags_given(args):
+            raise SpecError(f"a spec in the environment and {', '.join(_spec_flags_given(args))} "
+                            "together: use one")
         else:
             # A re-exec wrapper's caller built the target's environment.
             env = passed_env

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import sys
 import termios
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ EXIT_UNAVAILABLE = 3
 EXIT_THREADS = 4
 EXIT_EXEC_FAILED = 126
 EXIT_NOT_FOUND = 127
+
+_PYTHON_IGNORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 class NotSingleThreaded(RuntimeError):
@@ -130,12 +133,19 @@ def detach_terminal() -> bool:
     except PermissionError:
         pass
     for fd in ttys:
+        # A session leader's TIOCNOTTY sends SIGHUP (and SIGCONT) to the
+        # terminal's foreground process group, which may be this process:
+        # ignored while it happens, so the signal is discarded, not fatal.
+        previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             fcntl.ioctl(fd, termios.TIOCNOTTY)
             return True
         except OSError as e:
             if e.errno != errno.ENOTTY:  # not our controlling terminal: try the next
                 raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGHUP, previous)
     return True  # none of them is our controlling terminal: nothing to inject into
 
 
@@ -175,6 +185,10 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
         print(f"landlock-exec: {report.note}", file=sys.stderr, flush=True)
     if thread_count(stat_fd) != 1:
         _fail(EXIT_THREADS, "a thread appeared before exec: the domain would be lost")
+    # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored
+    # across execve. The target gets the defaults, as subprocess gives them.
+    for sig in _PYTHON_IGNORED:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execve(program, argv, env)
     except FileNotFoundError:

@@ -10,13 +10,13 @@ import json
 import resource
 from collections.abc import Mapping
 
-from .spec import Spec, SpecError
+from .spec import DEFAULT_SCOPES as landlock_scopes
+from .spec import RLIMIT_NAMES, Spec, SpecError
 
 ENV_GO_SPEC = "MCPPROXY_SANDBOX_SPEC"
 ENV_NATIVE_SPEC = "LANDLOCK_EXEC_SPEC"
 
-_RLIMIT_BY_NUMBER = {getattr(resource, n): n[len("RLIMIT_"):]
-                     for n in dir(resource) if n.startswith("RLIMIT_")}
+_RLIMIT_BY_NUMBER = {getattr(resource, "RLIMIT_" + n): n for n in RLIMIT_NAMES}
 _GO_FIELDS = {"ReadOnlyPaths", "ReadWritePaths", "Rlimits", "BestEffort"}
 
 
@@ -41,6 +41,8 @@ def spec_from_go(text: str) -> Spec:
     return Spec(read_only=ro, read_write=rw, rlimits=limits,
                 best_effort=bool(data.get("BestEffort", False)),
                 unrestricted_filesystem=not ro and not rw,
+                # The zero value asks nothing of Landlock: no scopes either.
+                scopes=landlock_scopes if (ro or rw) else (),
                 # The seed restricted the filesystem only.
                 unrestricted_network=True)
 

@@ -44,6 +44,8 @@ def probe(max_abi: int | None = None) -> Support:
         elif feature.abi > abi:
             capped = "" if abi == kernel_abi else f", capped at ABI {abi}"
             missing[feature.name] = f"needs Landlock ABI {feature.abi}; kernel has {kernel_abi}{capped}"
+            if feature.name == "refer":
+                missing[feature.name] += " (stricter, not looser: every rename or link across directories is denied)"
         elif feature.restrict or _accepted(feature):
             # restrict_self flags cannot be probed without restricting: the ABI decides.
             features.add(feature.name)

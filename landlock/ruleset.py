@@ -118,8 +118,12 @@ def _add_path_rules(fd: int, spec: Spec, handled_fs: int, report: Report):
     identity = []
     for cls, path in spec.path_rules:
         access = rights.PATH_CLASSES[cls] & handled_fs
-        if not access:
-            continue  # e.g. connect_unix before ABI 9: reported as downgraded
+        if not access:  # e.g. connect_unix before ABI 9: reported as downgraded
+            if not os.path.lexists(path):
+                if spec.strict_paths:
+                    raise SpecError(f"{cls}: {path}: No such file or directory")
+                report.skipped_paths.append(path)
+            continue
         try:
             pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as e:

@@ -16,7 +16,10 @@ LOG_FLAGS = {
     "new_exec_on": rights.RestrictFlag.LOG_NEW_EXEC_ON,
     "subdomains_off": rights.RestrictFlag.LOG_SUBDOMAINS_OFF,
 }
-RLIMIT_NAMES = sorted(n[len("RLIMIT_"):] for n in dir(resource) if n.startswith("RLIMIT_"))
+# Other names of the same resource (Python has RLIMIT_OFILE, the BSD name).
+RLIMIT_ALIASES = {"OFILE": "NOFILE"}
+RLIMIT_NAMES = sorted(n[len("RLIMIT_"):] for n in dir(resource)
+                      if n.startswith("RLIMIT_") and n[len("RLIMIT_"):] not in RLIMIT_ALIASES)
 # Memory limits are set last: they can break the (Python) process setting them.
 MEMORY_RLIMITS = frozenset({"AS", "DATA", "STACK", "MEMLOCK", "RSS"})
 
@@ -94,12 +97,15 @@ class Spec:
         unknown = set(self.log) - set(LOG_FLAGS)
         if unknown:
             raise SpecError(f"log: unknown {sorted(unknown)} (known: {', '.join(LOG_FLAGS)})")
+        if isinstance(self.require, str):
+            raise SpecError(f"require: expected a list of feature names, got {self.require!r}")
         try:
             object.__setattr__(self, "require", rights.expand_requirements(self.require))
         except ValueError as e:
             raise SpecError(f"require: {e}") from None
         object.__setattr__(self, "rlimits", parse_rlimits(self.rlimits))
-        if self.max_abi is not None and not (isinstance(self.max_abi, int) and self.max_abi >= 0):
+        if self.max_abi is not None and (isinstance(self.max_abi, bool) or not isinstance(self.max_abi, int)
+                                         or self.max_abi < 0):
             raise SpecError(f"max_abi: expected an integer >= 0, got {self.max_abi!r}")
         for name in ("unrestricted_filesystem", "unrestricted_network", "best_effort",
                      "strict_paths", "keep_capabilities"):
@@ -164,8 +170,11 @@ def parse_rlimits(value: Any) -> tuple[Rlimit, ...]:
     out = []
     for name, limit in items:
         key = str(name).upper().removeprefix("RLIMIT_")
+        key = RLIMIT_ALIASES.get(key, key)
         if key not in RLIMIT_NAMES:
             raise SpecError(f"rlimits: unknown resource {name!r} (known: {', '.join(RLIMIT_NAMES)})")
+        if any(r.name == key for r in out):
+            raise SpecError(f"rlimits: {key} given twice")
         if isinstance(limit, (list, tuple)) and len(limit) == 2:
             soft, hard = limit
         else:
@@ -178,7 +187,9 @@ def parse_rlimits(value: Any) -> tuple[Rlimit, ...]:
         if soft > hard and hard != resource.RLIM_INFINITY:
             raise SpecError(f"rlimits: {key}: soft limit {soft} above hard limit {hard}")
         out.append(Rlimit(key, soft, hard))
-    out.sort(key=lambda r: r.name in MEMORY_RLIMITS)
+    # A canonical order (memory limits last), so equal specs compare equal
+    # whatever order they were written in, and to_json round-trips.
+    out.sort(key=lambda r: (r.name in MEMORY_RLIMITS, r.name))
     return tuple(out)
 
 

@@ -1,0 +1,243 @@
+"""Plumbing for the landlock/ tests: confine a forked child, run one
+operation in it, bring back what happened.
+
+Every enforcement test goes through the `run_confined` fixture: fork; in
+the child optionally run `before` (still unconfined), landlock.apply(spec),
+then the operation; the outcome (value or exception, and the Report) is
+pickled back through a pipe and the child leaves with os._exit. The test
+process itself is never confined.
+
+The helpers are fixtures (a conftest is not importable reliably); a test
+taking an `abi` argument runs once for every ABI from 1 to the kernel's.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import landlock
+
+KERNEL_ABI = landlock.abi_version()
+# Every ABI this kernel can be capped to (Spec.max_abi), for real enforcement.
+ABIS = list(range(1, KERNEL_ABI + 1))
+ROOT = os.geteuid() == 0
+UNPRIVILEGED_UID = 65534  # nobody
+CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
+
+# Probed once here rather than in every child.
+for _abi in (None, *range(KERNEL_ABI + 1)):
+    landlock.probe(_abi)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "root_only: needs root (a uid switch, a chown, capabilities)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "abi" in metafunc.fixturenames:
+        metafunc.parametrize("abi", ABIS, ids=[f"abi{n}" for n in ABIS])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_landlock = pytest.mark.skip(reason="this kernel has no Landlock")
+    not_root = pytest.mark.skip(reason="needs root")
+    for item in items:
+        if not KERNEL_ABI and "enforcement" in item.keywords:
+            item.add_marker(no_landlock)
+        if not ROOT and "root_only" in item.keywords:
+            item.add_marker(not_root)
+
+
+@dataclass
+class Result:
+    """What happened in a confined child."""
+    value: Any = None                  # what the operation returned
+    error: BaseException | None = None  # what apply() or the operation raised
+    report: landlock.Report | None = None
+    status: int = 0                    # the child's wait status
+
+    @property
+    def errno(self) -> int:
+        """0 when the operation succeeded, the OSError's errno when it failed."""
+        if self.error is None:
+            return 0
+        if isinstance(self.error, OSError) and self.error.errno:
+            return self.error.errno
+        raise self.error
+
+    @property
+    def signal(self) -> int:
+        return os.WTERMSIG(self.status) if os.WIFSIGNALED(self.status) else 0
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _run_confined(spec: landlock.Spec | None, fn: Callable[[], Any] | None = None, *,
+                  before: Callable[[], Any] | None = None) -> Result:
+    """Fork; in the child: before(), landlock.apply(spec) (skipped when spec is
+    None), fn(). Returns the Result; a child killed by a signal (rlimits) has
+    no value, only its status."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
+            signal.alarm(CHILD_ALARM)
+            out: dict[str, Any] = {}
+            try:
+                if before is not None:
+                    before()
+                if spec is not None:
+                    out["report"] = landlock.apply(spec)
+                if fn is not None:
+                    out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+                out["error"] = e
+            try:
+                data = pickle.dumps(out)
+            except Exception as e:  # noqa: BLE001
+                data = pickle.dumps({"error": RuntimeError(f"unpicklable result: {e!r}: {out!r}")})
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    out = pickle.loads(data) if data else {}
+    return Result(out.get("value"), out.get("error"), out.get("report"), status)
+
+
+def _confined_errno(spec: landlock.Spec, op: Callable[[], Any], **kw: Any) -> int:
+    """0 if op succeeded in a child confined by spec, else the errno it failed with."""
+    return _run_confined(spec, op, **kw).errno
+
+
+@pytest.fixture(name="run_confined", scope="session")
+def run_confined_fixture() -> Callable[..., Result]:
+    return _run_confined
+
+
+@pytest.fixture(name="confined_errno", scope="session")
+def confined_errno_fixture() -> Callable[..., int]:
+    return _confined_errno
+
+
+# --- who the child runs as ------------------------------------------------
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    uid: int                 # the uid the confined child ends up with
+    spec: dict[str, Any]     # Spec keyword arguments that make it so
+
+
+IDENTITIES = (
+    Identity("root", 0, {}),  # root with every capability dropped: the default
+    Identity("nobody", UNPRIVILEGED_UID, {"user": UNPRIVILEGED_UID}),  # a uid drop
+) if ROOT else (
+    Identity("self", os.getuid(), {}),  # not root: the core set runs as this user only
+)
+
+
+@pytest.fixture(params=IDENTITIES, ids=[i.name for i in IDENTITIES])
+def identity(request: pytest.FixtureRequest) -> Identity:
+    """Each identity the core set runs as."""
+    return request.param
+
+
+# --- a scratch tree the child's uid can use -------------------------------
+
+@dataclass
+class Layout:
+    """root/d: the directory under test (its rule varies); root/out: no rule.
+
+    d holds: file, empty/, a/f and b/ (cross-directory rename and link),
+    true (a copy of /bin/true, 0755).
+    """
+    root: Path
+
+    @property
+    def d(self) -> Path:
+        return self.root / "d"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+
+def _scratch_base() -> str:
+    """A tmpfs (fast: a tree per test) that allows exec, else the temp dir."""
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            flags = os.statvfs(base).f_flag
+        except OSError:
+            continue
+        if not flags & (os.ST_NOEXEC | os.ST_RDONLY) and os.access(base, os.W_OK | os.X_OK):
+            return base
+    return tempfile.gettempdir()
+
+
+SCRATCH = _scratch_base()
+
+
+def make_layout(owner: int) -> Layout:
+    root = Path(tempfile.mkdtemp(prefix="landlock-test-", dir=SCRATCH))
+    lay = Layout(root)
+    try:
+        for sub in ("d", "d/empty", "d/a", "d/b", "out"):
+            (root / sub).mkdir()
+        (lay.d / "file").write_bytes(b"data")
+        (lay.d / "a" / "f").write_bytes(b"f")
+        (lay.out / "file").write_bytes(b"secret")
+        shutil.copyfile("/bin/true", lay.d / "true")
+        os.chmod(lay.d / "true", 0o755)
+        # DAC must allow everything the tests try: a denial has to come from Landlock.
+        for path in (root, *root.rglob("*")):
+            os.lchown(path, owner, owner)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return lay
+
+
+@pytest.fixture
+def layout_for() -> Iterator[Callable[[int], Layout]]:
+    made: list[Layout] = []
+
+    def make(owner: int) -> Layout:
+        made.append(make_layout(owner))
+        return made[-1]
+    yield make
+    for lay in made:
+        shutil.rmtree(lay.root, ignore_errors=True)
+
+
+@pytest.fixture
+def layout(layout_for: Callable[[int], Layout]) -> Layout:
+    """A scratch tree for a child running as this process's uid."""
+    return layout_for(os.getuid())
+
+
+@pytest.fixture
+def tcp_listener() -> Iterator[int]:
+    """A localhost TCP port listening outside the domain."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]

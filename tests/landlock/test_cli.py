@@ -1,0 +1,278 @@
+"""landlock-exec (python -m landlock) confining real programs: landrun-style
+flags, the seed's exit codes, the environment, the Go-compat variable, and
+the terminal (TIOCSTI)."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+import landlock
+from landlock import Spec, gocompat
+
+USR = ["--rox", "/usr"]  # what running any program takes
+# This interpreter as a confined target: its real binary, and what it reads.
+PYTHON = os.path.realpath(sys.executable)
+PYTHON_ROX = ["--rox", ",".join(sorted({"/usr", sys.base_prefix}))]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
+            **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*wrapper, sys.executable, "-m", "landlock", *args], capture_output=True,
+                          text=True, env=env if env is not None else dict(os.environ), timeout=30, **kw)
+
+
+# --- confining a real program ----------------------------------------------
+
+@pytest.mark.enforcement
+def test_cat_of_an_allowed_file(layout):
+    p = run_cli(*USR, "--ro", str(layout.d), "--", "cat", str(layout.d / "file"))
+    assert (p.returncode, p.stdout, p.stderr) == (0, "data", "")
+
+
+@pytest.mark.enforcement
+def test_cat_of_a_denied_file(layout):
+    p = run_cli(*USR, "--ro", str(layout.d), "--", "cat", str(layout.out / "file"))
+    assert p.returncode == 1 and p.stdout == ""
+    assert "Permission denied" in p.stderr
+
+
+@pytest.mark.enforcement
+def test_a_single_file_rule(layout):
+    p = run_cli(*USR, "--ro", str(layout.d / "file"), "cat", str(layout.d / "file"), str(layout.d / "a" / "f"))
+    assert p.returncode == 1 and p.stdout == "data"
+    assert "a/f: Permission denied" in p.stderr
+
+
+@pytest.mark.enforcement
+def test_rw_allows_writing_inside_only(layout):
+    script = f"echo new > {layout.d}/new && echo ok && echo no > {layout.out}/new"
+    p = run_cli(*USR, "--rw", str(layout.d), "--", "sh", "-c", script)
+    assert p.returncode != 0 and p.stdout == "ok\n"
+    assert (layout.d / "new").read_text() == "new\n"
+    assert not (layout.out / "new").exists()
+
+
+@pytest.mark.enforcement
+def test_connect_tcp_flag(tcp_listener):
+    code = f"import socket; socket.create_connection(('127.0.0.1', {tcp_listener}))"
+    denied = run_cli(*PYTHON_ROX, "--", PYTHON, "-c", code)
+    allowed = run_cli(*PYTHON_ROX, "--connect-tcp", f"1,{tcp_listener}", "--", PYTHON, "-c", code)
+    assert denied.returncode == 1 and "PermissionError" in denied.stderr
+    assert allowed.returncode == 0, allowed.stderr
+
+
+# --- exit codes -----------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--rox", "/usr"],
+    pytest.param(["--ro", "/nonexistent-landlock-test", *USR, "--", "true"],
+                 marks=pytest.mark.enforcement),  # without Landlock: 3 comes first
+    ["--", "true"],
+    ["true"],
+    [*USR, "--bind-tcp", "http", "--", "true"],
+    [*USR, "--connect-tcp", "70000", "--", "true"],
+    [*USR, "--rlimit", "NOFILES=64", "--", "true"],
+    [*USR, "--rlimit", "NOFILE=lots", "--", "true"],
+    [*USR, "--ro", "relative/path", "--", "true"],
+    [*USR, "--require", "teleport", "--", "true"],
+    [*USR, "--max-abi", "x", "--", "true"],
+    [*USR, "--scope", "everything", "--", "true"],
+], ids=["no-args", "no-command", "missing-path", "no-rule", "no-rule-positional", "bad-port-name",
+        "bad-port-number", "bad-rlimit-name", "bad-rlimit-value", "relative-path", "bad-feature",
+        "bad-max-abi", "bad-scope"])
+def test_exit_2_bad_invocation(args):
+    p = run_cli(*args)
+    assert p.returncode == landlock.EXIT_USAGE, p.stderr
+    assert p.stderr.strip()
+
+
+@pytest.mark.parametrize("args", [
+    [*USR, "--max-abi", "0", "--", "true"],
+    [*USR, "--require", "tcp", "--max-abi", "3", "--", "true"],
+], ids=["no-landlock", "required-feature-missing"])
+def test_exit_3_unavailable(args):
+    p = run_cli(*args)
+    assert p.returncode == landlock.EXIT_UNAVAILABLE
+    assert "unavailable" in p.stderr
+
+
+@pytest.mark.enforcement
+def test_exit_126_not_executable(layout):
+    p = run_cli(*USR, "--rox", str(layout.d), "--", str(layout.d / "file"))
+    assert p.returncode == landlock.EXIT_EXEC_FAILED
+    assert "Permission denied" in p.stderr
+
+
+@pytest.mark.enforcement
+def test_exit_126_execute_denied_by_landlock(layout):
+    p = run_cli(*USR, "--ro", str(layout.d), "--", str(layout.d / "true"))
+    assert p.returncode == landlock.EXIT_EXEC_FAILED
+
+
+def test_exit_127_not_on_path():
+    p = run_cli(*USR, "--", "no-such-command-landlock-test")
+    assert p.returncode == landlock.EXIT_NOT_FOUND
+    assert "not found" in p.stderr
+
+
+def test_best_effort_without_landlock_runs_unconfined(layout):
+    p = run_cli(*USR, "--best-effort", "--max-abi", "0", "--", "cat", str(layout.out / "file"))
+    assert (p.returncode, p.stdout) == (0, "secret")
+    assert "UNCONFINED" in p.stderr
+
+
+@pytest.mark.enforcement
+def test_report_is_json_on_stderr():
+    p = run_cli(*USR, "--report", "--", "true")
+    assert p.returncode == 0
+    report = landlock.Report.from_dict(json.loads(p.stderr.strip().splitlines()[-1]))
+    assert report.abi == landlock.abi_version() and report.enforced and report.no_new_privs
+
+
+# --- the target's environment, rlimits, signals -----------------------------------
+
+@pytest.mark.enforcement
+def test_env_builds_the_whole_environment():
+    env = {**os.environ, "HOME": "/home/landlock-test", "SECRET": "leak"}
+    p = run_cli(*USR, "--env", "FOO=bar", "--env", "HOME", "--env", "UNSET_LANDLOCK_TEST", "--", "env", env=env)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["FOO=bar", "HOME=/home/landlock-test"]
+
+
+@pytest.mark.enforcement
+def test_rlimit_flag():
+    p = run_cli(*USR, "--rlimit", "NOFILE=64", "--", "sh", "-c", "ulimit -n; ulimit -Hn")
+    assert (p.returncode, p.stdout) == (0, "64\n64\n")
+
+
+@pytest.mark.enforcement
+def test_target_gets_default_signal_dispositions():
+    """Python ignores SIGPIPE and SIGXFSZ; the target must not inherit that."""
+    p = run_cli(*USR, "--ro", "/proc", "--", "grep", "SigIgn", "/proc/self/status")
+    assert p.stdout.split() == ["SigIgn:", "0" * 16]
+
+
+# --- specs carried by the environment --------------------------------------------
+
+def _with_go_spec(spec: dict) -> dict[str, str]:
+    return {**os.environ, "SECRET": "passed", gocompat.ENV_GO_SPEC: json.dumps(spec)}
+
+
+@pytest.mark.enforcement
+def test_go_spec_zero_value_restricts_no_path_and_passes_the_environment(layout):
+    env = _with_go_spec({})
+    p = run_cli("--", "sh", "-c", f"cat {layout.out}/file; echo; env", env=env)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.splitlines()
+    assert out[0] == "secret"
+    assert "SECRET=passed" in out
+    assert not any(line.startswith(gocompat.ENV_GO_SPEC) for line in out)
+
+
+@pytest.mark.enforcement
+def test_go_spec_paths_and_rlimits(layout):
+    env = _with_go_spec({"ReadOnlyPaths": ["/usr", str(layout.d), str(layout.root / "missing")],
+                         "ReadWritePaths": [str(layout.d / "b")],
+                         "Rlimits": [{"Resource": 7, "Cur": 64, "Max": 64}], "BestEffort": False})
+    script = (f"ulimit -n; cat {layout.d}/file; echo; echo w > {layout.d}/b/w && echo wrote; "
+              f"env | grep -c {gocompat.ENV_GO_SPEC}; cat {layout.out}/file")
+    p = run_cli("--", "sh", "-c", script, env=env)
+    assert p.stdout.splitlines() == ["64", "data", "wrote", "0"]
+    assert "Permission denied" in p.stderr and p.returncode == 1
+
+
+@pytest.mark.enforcement
+def test_native_spec_variable(layout):
+    spec = Spec(read_only=("/usr",), read_only_noexec=(str(layout.d),))
+    env = {**os.environ, gocompat.ENV_NATIVE_SPEC: spec.to_json()}
+    p = run_cli("--", "sh", "-c", f"cat {layout.d}/file; echo; env | grep -c SPEC; cat {layout.out}/file",
+                env=env)
+    assert p.stdout.splitlines() == ["data", "0"]
+    assert "Permission denied" in p.stderr
+
+
+@pytest.mark.parametrize("flags", [["--ro", "/usr"], ["--rlimit", "NOFILE=64"], ["--env", "A=b"],
+                                   ["--best-effort"], ["--max-abi", "3"]])
+def test_spec_in_environment_and_spec_flags_is_refused(flags):
+    p = run_cli(*flags, "--", "true", env=_with_go_spec({}))
+    assert p.returncode == landlock.EXIT_USAGE
+    assert "together" in p.stderr
+
+
+def test_go_spec_adapter():
+    spec = gocompat.spec_from_go(json.dumps({
+        "ReadOnlyPaths": None, "ReadWritePaths": ["/tmp"], "BestEffort": True,
+        "Rlimits": [{"Resource": 7, "Cur": 64, "Max": 2**64 - 1}]}))
+    assert spec.read_write == ("/tmp",) and spec.read_only == ()
+    assert spec.best_effort and not spec.unrestricted_filesystem and spec.unrestricted_network
+    assert [(r.name, r.soft, r.hard) for r in spec.rlimits] == [("NOFILE", 64, -1)]
+    assert gocompat.spec_from_go("{}").unrestricted_filesystem
+
+
+@pytest.mark.parametrize("text,what", [("[]", "object"), ('{"ReadOnly": []}', "ReadOnly"),
+                                       ('{"Rlimits": [{"Resource": 99}]}', "Rlimits"), ("{", "JSON")])
+def test_go_spec_errors(text, what):
+    with pytest.raises(landlock.SpecError, match=what):
+        gocompat.spec_from_go(text)
+
+
+# --- the terminal -------------------------------------------------------------
+
+_TIOCSTI = r"""
+import fcntl, sys, termios
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"x")
+except OSError as e:
+    print(e.errno)
+    sys.exit(1)
+"""
+
+
+# landlock-exec as the terminal's session leader (as under a terminal
+# emulator or sshd), or as another member of its session (under a shell).
+SESSION_ROLES = {"leader": (), "member": ("sh", "-c", '"$@"; exit $?', "sh")}
+
+
+def _tiocsti_under_a_terminal(*flags: str, role: str = "leader") -> subprocess.CompletedProcess:
+    """landlock-exec with a pty as stdin and controlling terminal; the
+    target tries to push a keystroke into it."""
+    master, slave = os.openpty()
+    try:
+        return run_cli(*PYTHON_ROX, *flags, "--", PYTHON, "-c", _TIOCSTI, stdin=slave,
+                       wrapper=SESSION_ROLES[role], start_new_session=True,
+                       preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _legacy_tiocsti() -> bool:
+    try:
+        return Path("/proc/sys/dev/tty/legacy_tiocsti").read_text().strip() == "1"
+    except FileNotFoundError:
+        return True  # before 6.2: always allowed
+
+
+@pytest.mark.enforcement
+@pytest.mark.parametrize("role", SESSION_ROLES)
+def test_tiocsti_into_the_inherited_terminal_fails(role):
+    p = _tiocsti_under_a_terminal(role=role)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert p.stdout.strip() in ("1", "5")  # EPERM: not our terminal any more; EIO: legacy TIOCSTI off
+
+
+@pytest.mark.enforcement
+def test_tiocsti_with_keep_session_succeeds():
+    p = _tiocsti_under_a_terminal("--keep-session")
+    if not _legacy_tiocsti():  # dev.tty.legacy_tiocsti=0: refused to everyone without CAP_SYS_ADMIN
+        assert (p.returncode, p.stdout.strip()) == (1, "5")
+        return
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
