@@ -67,8 +67,11 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
         return entry
     ruleset.close()
     report = ruleset.report
+    # The supervisor creates the state directory when it loads the manifest.
+    skipped = [p for p in report.skipped_paths
+               if not (m.state_dir and (p == m.state_dir or p.startswith(m.state_dir + "/")))]
     entry.update(abi=report.abi, handled_fs=report.handled_fs, handled_net=report.handled_net,
-                 scoped=report.scoped, downgraded=report.downgraded, skipped_paths=report.skipped_paths,
+                 scoped=report.scoped, downgraded=report.downgraded, skipped_paths=skipped,
                  holes=holes(report), note=report.note)
     return entry
 

@@ -114,6 +114,13 @@ def _run(args: argparse.Namespace) -> int:
     from . import reap
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
+    # Caught from the start: a signal that comes while the spawn is under way
+    # (the child may already run) is forwarded once it is, not fatal to us.
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(w)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for sig in forwarded:
+        signal.signal(sig, lambda *_: None)
     client = _client_for(args)
     try:
         try:
@@ -126,11 +133,6 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(EXIT_EXEC_FAILED, str(e))
         except clients.SupervisorError as e:
             return _fail(EXIT_USAGE if e.code.startswith("bad") else 1, str(e))
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(w)
-        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        for sig in forwarded:
-            signal.signal(sig, lambda *_: None)
         while child.exited is None:
             ready, _, _ = select.select([child.fileno(), r], [], [])
             if r in ready:

@@ -62,6 +62,7 @@ def _remaining(deadline: float | None) -> float | None:
 
 
 def _receive(sock: socket.socket, deadline: float | None) -> dict[str, Any]:
+    reset = False
     while True:
         ready, _, _ = select.select([sock], [], [], _remaining(deadline))
         if not ready:
@@ -70,10 +71,30 @@ def _receive(sock: socket.socket, deadline: float | None) -> dict[str, Any]:
             message, fds = protocol.recv(sock)
         except BlockingIOError:
             continue
+        except ConnectionResetError:
+            # Closed with our request unread: the error comes once, then
+            # what the supervisor sent before closing (a refusal) is read.
+            if reset:
+                raise
+            reset = True
+            continue
         protocol.close_all(fds)
         if message is None:
             raise ConnectionError("the supervisor closed the connection")
         return message
+
+
+def _send_first(sock: socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    """A connection's first request. A refused peer finds the connection
+    closed under it (EPIPE) with the refusal waiting to be read: raise that."""
+    try:
+        protocol.send(sock, request, list(fds))
+    except (BrokenPipeError, ConnectionResetError):
+        try:
+            reply = _receive(sock, time.monotonic() + 1)
+        except (OSError, TimeoutError, protocol.ProtocolError):
+            raise ConnectionError("the supervisor closed the connection") from None
+        raise error_from(reply) from None
 
 
 def spawn_request(name: str, args: Sequence[str], env: Mapping[str, str] | None,
@@ -195,7 +216,7 @@ class Client:
               narrow: Mapping[str, Any] | None = None, timeout: float | None = 30) -> Child:
         sock = self._connect()
         try:
-            protocol.send(sock, spawn_request(name, args, env, narrow), [stdin, stdout, stderr])
+            _send_first(sock, spawn_request(name, args, env, narrow), [stdin, stdout, stderr])
             reply = _receive(sock, None if timeout is None else time.monotonic() + timeout)
             if reply.get("event") != "spawned":
                 raise error_from(reply)
@@ -207,7 +228,7 @@ class Client:
     def _short(self, op: str, timeout: float = 10) -> dict[str, Any]:
         sock = self._connect()
         try:
-            protocol.send(sock, {"op": op})
+            _send_first(sock, {"op": op})
             reply = _receive(sock, time.monotonic() + timeout)
         finally:
             sock.close()

@@ -156,8 +156,10 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
         # Aliases are refused outright: "billion laughs" anchors expand to
         # gigabytes, and no manifest needs them.
         data = yaml.load(text, Loader=_SafeNoAliases)
-    except yaml.YAMLError as e:
-        raise ManifestError(f"{source}: not valid YAML: {e}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        # ValueError: a timestamp that is no date, an int of 5,000 digits;
+        # RecursionError: nesting thousands deep.
+        raise ManifestError(f"{source}: not valid YAML: {type(e).__name__}: {str(e)[:500]}") from None
     top = _Reader(source, data, "", _TOP_KEYS)
     name = top.get("name", str, Path(source).stem)
     if not _NAME.match(name):
@@ -197,8 +199,12 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     for i, var in enumerate(client_env):
         if not _ENV_NAME.match(var):
             top.fail(f"client_env[{i}]", f"{var!r} is not a valid variable name")
+    umask_text = top.get("umask", (str, int), "077")
+    if isinstance(umask_text, int) and umask_text != 0:
+        # YAML reads 077 as the number 63 (and 22 as 22): only a string says what was meant.
+        top.fail("umask", f"expected a quoted octal string such as \"077\", got the number {umask_text}")
     try:
-        umask = int(str(top.get("umask", (str, int), "077")), 8)
+        umask = int(str(umask_text), 8)
     except ValueError:
         top.fail("umask", "expected an octal string such as \"077\"")
     if not 0 <= umask <= 0o777:
@@ -250,7 +256,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
         privileges.resolve(user, group)
     except landlock.SpecError as e:
         sandbox.fail("", str(e))
-    manifest_env.update(fragment.env)
+    manifest_env = {**fragment.env, **manifest_env}  # the manifest's own values win
     warnings = list(fragment.warnings)
     if any(r.name == "NPROC" for r in spec.rlimits) and user is None:
         warnings.append("rlimits.NPROC counts every process of the real uid: without a dedicated "
@@ -279,6 +285,18 @@ class _SafeNoAliases(yaml.SafeLoader):
             event = self.peek_event()
             raise yaml.composer.ComposerError(None, None, "aliases are not allowed", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # PyYAML keeps the last of two equal keys: a second `sandbox:` would
+        # silently replace the first. Refused.
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key_node.value!r}",
+                                                            key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
 
 
 def load_all(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> dict[str, Manifest]:
@@ -326,12 +344,13 @@ def narrow(manifest: Manifest, request: Any) -> landlock.Spec:
         if cls not in request:
             continue
         items = request[cls]
-        if not isinstance(items, list) or not all(isinstance(p, str) and p.startswith("/") for p in items):
+        if not isinstance(items, list) or not all(isinstance(p, str) and p.startswith("/") and "\0" not in p
+                                                  for p in items):
             raise landlock.SpecError(f"narrow.{cls}: expected a list of absolute paths")
-        grants = [os.path.realpath(g) for c in stronger[cls] for g in getattr(spec, c)]
+        grants = [_resolved(cls, g) for c in stronger[cls] for g in getattr(spec, c)]
         out = []
         for p in items:
-            real = os.path.realpath(p)
+            real = _resolved(cls, p)
             if not any(real == g or real.startswith(g.rstrip("/") + "/") for g in grants):
                 raise landlock.SpecError(f"narrow.{cls}: {p} is not within what the manifest grants")
             out.append(real)
@@ -339,7 +358,8 @@ def narrow(manifest: Manifest, request: Any) -> landlock.Spec:
     for key in ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp"):
         if key in request:
             ports = request[key]
-            if not isinstance(ports, list) or not set(ports) <= set(getattr(spec, key)):
+            if (not isinstance(ports, list) or not all(type(p) is int for p in ports)
+                    or not set(ports) <= set(getattr(spec, key))):
                 raise landlock.SpecError(f"narrow.{key}: only ports the manifest grants ({list(getattr(spec, key))})")
             changes[key] = ports
     if "rlimits" in request:
@@ -354,6 +374,15 @@ def narrow(manifest: Manifest, request: Any) -> landlock.Spec:
             merged[r.name] = (r.soft, r.hard)
         changes["rlimits"] = merged
     return replace(spec, **changes)
+
+
+def _resolved(cls: str, path: str) -> str:
+    """realpath, whose readlink may fail (EACCES on /proc/1/root, ELOOP...)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError) as e:
+        raise landlock.SpecError(f"narrow.{cls}: {path}: cannot be resolved: {getattr(e, 'strerror', None) or e}") \
+            from None
 
 
 def _above(new: int, old: int) -> bool:

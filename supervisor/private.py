@@ -52,6 +52,20 @@ class PrivateClient(Client):
         self.close()
 
 
+def _inheritable_fds() -> list[int]:
+    """This process's fds above 2 that an exec would pass on (not fd 3: the
+    control socket is put there)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and fd != _CONTROL_FD and os.get_inheritable(fd):
+                out.append(fd)
+        except OSError:
+            pass  # the listing's own fd, closed by now
+    return out
+
+
 def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
           python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
     """Start a private supervisor for these manifests; call early in main()."""
@@ -66,9 +80,12 @@ def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
     # Its stdin and stdout are the proxy's protocol channel: keep off them.
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
+        # posix_spawn closes no fd: the proxy's inheritable ones (a pipe to
+        # another child, say) would stay open in the server for its life.
         pid = os.posix_spawn(python, argv, dict(os.environ), file_actions=[
             (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
-            (os.POSIX_SPAWN_DUP2, theirs.fileno(), _CONTROL_FD)])
+            (os.POSIX_SPAWN_DUP2, theirs.fileno(), _CONTROL_FD),
+            *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds())])
     finally:
         os.close(devnull)
         theirs.close()

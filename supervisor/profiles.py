@@ -46,13 +46,15 @@ class Fragment:
 
 
 def _real(*paths: str) -> list[str]:
-    """Each path and, when it is a symlink, its target too."""
+    """Each existing path and, when it is a symlink, its target too. Profiles
+    list paths of several distributions: the absent ones are no news."""
     out = []
     for p in paths:
-        out.append(p)
-        real = os.path.realpath(p)
-        if real != p and os.path.exists(real):
-            out.append(real)
+        if os.path.exists(p):
+            out.append(p)
+            real = os.path.realpath(p)
+            if real != p:
+                out.append(real)
     return out
 
 
@@ -90,8 +92,10 @@ def system(ctx: Context) -> Fragment:
     f.add("read_only_noexec", *_real("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
                                      "/usr/share/locale", "/usr/share/zoneinfo", "/etc/localtime",
                                      "/etc/timezone", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
-                                     "/etc/ssl/openssl.cnf", "/dev/urandom", "/dev/random"))
-    f.add("read_write_noexec", "/dev/null", "/dev/zero", "/dev/full")
+                                     "/etc/ssl/openssl.cnf", "/dev/urandom", "/dev/random",
+                                     "/dev/zero", "/dev/full"))
+    # git opens /dev/null O_RDWR, shells redirect to it.
+    f.add("read_write_noexec", "/dev/null")
     return f
 
 
@@ -129,16 +133,20 @@ def npx(ctx: Context) -> Fragment:
     f = Fragment()
     f.merge(node(ctx))
     f.merge(dns_tls(ctx))
-    for name in ("npx", "npm", "sh"):
+    # npx is a script for env + node; npm runs the package's bin through sh -c.
+    for name in ("npx", "npm", "env", "sh"):
         found = _program(name, ctx.env)
         if found:
             f.add("read_only", found)
-    npm_root = os.path.realpath("/usr/lib/node_modules/npm")
-    f.add("read_only", *_real("/usr/lib/node_modules", "/usr/share/nodejs"))
-    if os.path.isdir(npm_root):
-        f.add("read_only", npm_root)
-    f.add("read_only_noexec", *_real("/usr/etc/npmrc", "/etc/npmrc"))
+    node_binary = _program("node", ctx.env)
+    prefix = os.path.dirname(os.path.dirname(node_binary)) if node_binary else "/usr"
+    f.add("read_only", *_real(os.path.join(prefix, "lib", "node_modules"), "/usr/share/nodejs"))
+    # The global npmrc may name a CA file: unreadable, npm exits 1 saying nothing.
+    for npmrc in (os.path.join(prefix, "etc", "npmrc"), "/etc/npmrc"):
+        f.add("read_only_noexec", *_real(npmrc))
+        f.add("read_only_noexec", *_real(*_npmrc_cafiles(npmrc)))
     f.env.update({
+        "HOME": state,
         "npm_config_cache": os.path.join(state, "npm-cache"),
         "npm_config_logs_dir": os.path.join(state, "npm-logs"),
         "npm_config_userconfig": os.path.join(state, "npmrc"),
@@ -149,6 +157,16 @@ def npx(ctx: Context) -> Fragment:
     # npx installs what it runs into the cache: that tree must also execute.
     f.add("read_write", os.path.join(state, "npm-cache"))
     return f
+
+
+def _npmrc_cafiles(npmrc: str) -> list[str]:
+    try:
+        with open(npmrc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    return [value.strip() for key, _, value in (line.partition("=") for line in lines)
+            if key.strip() == "cafile" and value.strip().startswith("/")]
 
 
 def _venv_root(program: str) -> str | None:
@@ -185,6 +203,7 @@ def uvx(ctx: Context) -> Fragment:
     f = Fragment()
     f.merge(dns_tls(ctx))
     f.merge(python(ctx))
+    # uv's relocatable launchers start through /bin/sh, dirname and realpath.
     for name in ("uv", "uvx", "sh", "dirname", "realpath", "python3"):
         found = _program(name, ctx.env)
         if found:
@@ -192,12 +211,12 @@ def uvx(ctx: Context) -> Fragment:
     f.env.update({
         "UV_CACHE_DIR": os.path.join(state, "uv-cache"),
         "UV_TOOL_DIR": os.path.join(state, "uv-tools"),
-        "UV_TOOL_BIN_DIR": os.path.join(state, "uv-bin"),
-        "UV_PYTHON_INSTALL_DIR": os.path.join(state, "uv-python"),
+        "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_CONFIG": "1",
-        "XDG_DATA_HOME": os.path.join(state, "data"),
     })
-    f.add("read_write", os.path.join(state))
+    # The environments uv builds in its cache are executed from there.
+    f.add("read_write", os.path.join(state, "uv-cache"))
+    f.add("read_write_noexec", os.path.join(state, "uv-tools"))
     return f
 
 

@@ -15,6 +15,7 @@ from typing import Any
 VERSION = 1
 MAX_MESSAGE = 64 * 1024
 MAX_FDS = 3
+MAX_DEPTH = 32  # nesting of a message's JSON
 # Room for one fd more than allowed, so that an extra one is seen and refused
 # rather than silently cut (MSG_CTRUNC); alignment may add room for another.
 _CMSG_SPACE = socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
@@ -70,10 +71,47 @@ def decode(data: bytes) -> dict[str, Any]:
         raise ProtocolError(f"not JSON: {e}") from None
     if not isinstance(message, dict):
         raise ProtocolError("a message must be a JSON object")
-    if message.get("v") != VERSION:
-        raise ProtocolError(f"unsupported protocol version {message.get('v')!r} (this is {VERSION})",
+    if not _shallow(message):
+        raise ProtocolError(f"nested deeper than {MAX_DEPTH} levels")
+    version = message.get("v")
+    if type(version) is not int or version != VERSION:  # JSON true is no version
+        raise ProtocolError(f"unsupported protocol version {_clip(version)} (this is {VERSION})",
                             "bad_version")
     return message
+
+
+def _shallow(message: Any) -> bool:
+    """No request nests deeply: a deep one would make the repr() of an error
+    message, or the JSON of a reply echoing it, recurse past Python's limit."""
+    todo = [(message, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+    return True
+
+
+def _clip(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def shortened(message: dict[str, Any], limit: int = 1024) -> dict[str, Any]:
+    """A reply that fits: long strings (an error quoting a huge request) cut,
+    anything else but numbers, booleans and null replaced by a short repr."""
+    out: dict[str, Any] = {}
+    for key, value in message.items():
+        if isinstance(value, str):
+            out[key] = value if len(value) <= limit else value[:limit] + "..."
+        elif value is None or isinstance(value, (bool, int, float)):
+            out[key] = value
+        else:
+            out[key] = _clip(value, limit)
+    return out
 
 
 def _fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:

@@ -28,6 +28,7 @@ from . import peers, protocol, reap, spawn
 from .manifest import Manifest, ManifestError
 
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
 # Reset in every child: what we catch, and what Python ignores at start-up.
 RESET_SIGNALS = sorted({*CAUGHT_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ})
 
@@ -390,7 +391,11 @@ class Supervisor:
 
     def _reply(self, sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> bool:
         try:
-            protocol.send(sock, message, fds)
+            try:
+                protocol.send(sock, message, fds)
+            except protocol.ProtocolError:
+                # Over 64 KiB: an error quoting a huge request field. Cut.
+                protocol.send(sock, protocol.shortened(message), fds)
             return True
         except OSError:
             return False  # a peer that does not read its replies is dropped by the caller
@@ -483,6 +488,8 @@ class Supervisor:
     def _signal(self, conn: Connection, session: Session, message: dict[str, Any]) -> None:
         sig = message.get("signal", signal.SIGTERM)
         try:
+            if isinstance(sig, bool):  # JSON true is no signal number
+                raise ValueError(sig)
             sig = signal.Signals[sig] if isinstance(sig, str) else signal.Signals(sig)
         except (KeyError, ValueError):
             raise protocol.ProtocolError(f"unknown signal {message.get('signal')!r}", "bad_signal") from None
@@ -508,6 +515,8 @@ class Supervisor:
             raise protocol.ProtocolError(str(e), "confinement_unavailable") from None
         except landlock.SpecError as e:
             raise protocol.ProtocolError(str(e), "bad_spec") from None
+        except OSError as e:  # out of fds or memory while building the ruleset
+            raise protocol.ProtocolError(f"cannot prepare the sandbox: {e.strerror or e}", "spawn_failed") from None
         if conn.deadline is not None:
             conn.deadline[0] = True
         try:
@@ -524,6 +533,9 @@ class Supervisor:
         self.selector.register(errpipe, selectors.EVENT_READ, lambda key: self._on_errpipe(session))
 
     def _plan(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> tuple[spawn.Launch, list[int]]:
+        unknown = sorted(set(request) - SPAWN_FIELDS)
+        if unknown:  # a misspelt "narrow" must not go unnoticed: the child would get more
+            raise protocol.ProtocolError(f"spawn: unknown field(s) {', '.join(unknown)[:200]}")
         name = request.get("manifest")
         if not isinstance(name, str) or name not in self.manifests:
             raise protocol.ProtocolError(f"no such manifest {name!r}", "no_such_manifest")
@@ -548,7 +560,8 @@ class Supervisor:
             raise protocol.ProtocolError(f"manifest {name!r} does not let clients add arguments", "args_refused")
         if len(args) > self.limits.max_args or sum(map(len, args)) > self.limits.max_arg_bytes:
             raise protocol.ProtocolError("args: too many or too long", "too_large")
-        client_env = request.get("env") or {}
+        client_env = request.get("env")
+        client_env = {} if client_env is None else client_env  # [] or false is a wrong type, not "none"
         if not isinstance(client_env, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and "\0" not in v for k, v in client_env.items()):
             raise protocol.ProtocolError("env: expected an object of strings")
@@ -636,9 +649,11 @@ class Supervisor:
                 self.stats["reaped_orphans"] += 1
                 continue
             session.exited = reap.describe(status, rusage)
-            # What is left of its process group goes with it.
+            # What is left of its process group goes with it. By the KILL, the
+            # pid may lead a new child's group (pids wrap): leave that one be.
             _killpg(pid, signal.SIGTERM)
-            self._at(self.limits.grace, lambda pid=pid: _killpg(pid, signal.SIGKILL))
+            self._at(self.limits.grace, lambda pid=pid, s=session: None
+                     if self.sessions.get(pid, s) is not s else _killpg(pid, signal.SIGKILL))
             if session.errpipe >= 0:
                 continue  # _on_errpipe reports it, in order
             if session.spawned:
