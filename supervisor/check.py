@@ -102,7 +102,7 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.profiles:
         for name, fn in profiles.PROFILES.items():
-            print(f"{name}: {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}".rstrip(": "))
+            print(f"{name}: {fn.__doc__}")
         return 0
     from .server import default_state_root
     state_root = args.state_root or default_state_root()

@@ -86,6 +86,7 @@ def _interpreters(program: str, env: Mapping[str, str]) -> list[str]:
 
 
 def system(ctx: Context) -> Fragment:
+    """What any dynamically linked program needs: libraries, the ELF interpreter, the command and its shebang chain, ld.so.cache, locale and zoneinfo, /dev/null and friends."""
     f = Fragment()
     f.add("read_only", *_real("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/libexec"))
     f.add("read_only", *_real(ctx.command), *_interpreters(ctx.command, ctx.env))
@@ -100,6 +101,7 @@ def system(ctx: Context) -> Fragment:
 
 
 def dns_tls(ctx: Context) -> Fragment:
+    """Resolver files and CA certificates, on their symlink targets, and the CA files named by the child's environment."""
     f = Fragment()
     f.add("read_only_noexec", *_real("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf",
                                      "/etc/gai.conf", "/etc/nsswitch.conf", "/etc/ssl/certs",
@@ -112,6 +114,7 @@ def dns_tls(ctx: Context) -> Fragment:
 
 
 def node(ctx: Context) -> Fragment:
+    """The node binary found on the child's PATH."""
     f = Fragment()
     binary = _program("node", ctx.env)
     if binary is None:
@@ -129,6 +132,7 @@ def _needs_state(ctx: Context, profile: str) -> str:
 
 
 def npx(ctx: Context) -> Fragment:
+    """node, dns-tls, npm and npx; npm's cache, logs and config in the state directory; update check off."""
     state = _needs_state(ctx, "npx")
     f = Fragment()
     f.merge(node(ctx))
@@ -179,6 +183,7 @@ def _venv_root(program: str) -> str | None:
 
 
 def python(ctx: Context) -> Fragment:
+    """The command's virtual environment and its base interpreter."""
     f = Fragment()
     venv = _venv_root(ctx.command)
     if venv:
@@ -199,6 +204,7 @@ def python(ctx: Context) -> Fragment:
 
 
 def uvx(ctx: Context) -> Fragment:
+    """python, dns-tls, uv and its shell launchers; uv's cache and tool directories in the state directory."""
     state = _needs_state(ctx, "uvx")
     f = Fragment()
     f.merge(dns_tls(ctx))

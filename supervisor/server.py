@@ -235,7 +235,8 @@ class Supervisor:
             self._add_connection(control, peers.credentials(control), control=True)
         else:
             self._open_listener()
-            log(f"serving {len(self.manifests)} manifest(s) on {self.config.socket_path}")
+            where = self.config.socket_path or "the socket systemd passed"
+            log(f"serving {len(self.manifests)} manifest(s) on {where}")
         while not (self.stopping and not self.sessions):
             timeout = None
             if self.timers:
