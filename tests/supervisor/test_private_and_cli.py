@@ -1,0 +1,236 @@
+"""Private mode (a proxy's own fork-server, no socket file) and
+`landlock-supervisor run` as a drop-in server command."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import supervisor
+from supervisor.client import NoSuchManifest, SpawnFailed
+from svhelpers import (PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
+                       spawn_bg, state, unix_socket_paths, wait_until)
+
+# ---- private mode -----------------------------------------------------------------
+
+
+@pytest.fixture
+def private(lab, monkeypatch):
+    lab.stock()
+    runtime = lab.dir / "xdg"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("LANDLOCK_SUPERVISOR_SOCKET", raising=False)
+    client = supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"])
+    yield client
+    if client._control.fileno() >= 0:
+        client.close()
+    assert wait_until(lambda: not alive(client.server_pid), 5)
+    assert not processes_with_tag(lab.tag)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.enforcement
+def test_private_spawn_wait_close(private, lab):
+    server = private.server_pid
+    assert private.ping()["pid"] == server
+    r = sh(private, "echo private; exit 4")
+    assert r.code == 4 and r.out == b"private\n"
+    assert run(private, "cat", stdin=b"through\n").out == b"through\n"
+    with pytest.raises(NoSuchManifest):
+        run(private, "nonexistent")
+    # No socket file: nothing is bound to a path, nothing in the runtime dir.
+    paths = unix_socket_paths(socket_inodes(server))
+    assert not [p for p in paths if p.startswith("/") or p.startswith("@")], paths
+    assert os.listdir(lab.dir / "xdg") == []
+    assert not (lab.dir / "run").exists()
+    # Its children are confined all the same.
+    r = sh(private, f"cat {lab.dir}/manifests/sh.yaml")
+    assert r.code != 0 and b"Permission denied" in r.err
+    assert private.close() == 0
+    assert not alive(server)
+
+
+@pytest.mark.timeout(30)
+def test_private_server_holds_none_of_the_proxys_fds(lab):
+    """An inheritable fd of the proxy (a pipe to some other child of its)
+    must not stay open in the private server: its reader would never see EOF."""
+    lab.stock()
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    os.set_inheritable(r, True)
+    try:
+        with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"]) as client:
+            ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (r, w)}
+            theirs = set()
+            for fd in os.listdir(f"/proc/{client.server_pid}/fd"):
+                try:
+                    theirs.add(os.readlink(f"/proc/{client.server_pid}/fd/{fd}"))
+                except OSError:
+                    pass
+            assert not ours & theirs, theirs
+            os.close(w)
+            w = -1
+            assert os.read(r, 1) == b""   # EOF: nobody else holds the write end
+            assert sh(client, "echo ok").out == b"ok\n"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+@pytest.mark.timeout(30)
+def test_private_server_ends_with_its_client(private):
+    child, pipes = spawn_bg(private, "sh", ["trap '' TERM; echo $$; sleep 100 & echo $!; wait"])
+    try:
+        pids = [int(pipes.line()), int(pipes.line())]
+        assert all(alive(p) for p in pids)
+        server = private.server_pid
+        private._control.close()   # the proxy's end goes away (as when the proxy dies)
+        assert wait_until(lambda: not alive(server), 5), state(server)
+        _, status = os.waitpid(server, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not [p for p in pids if alive(p)]
+        assert child.wait(5) == -signal.SIGKILL
+        assert child.exited["reason"] == "shutdown"
+    finally:
+        child.close()
+        pipes.close()
+
+
+@pytest.mark.timeout(30)
+def test_private_exec_failure_and_many_spawns(lab, monkeypatch):
+    program = lab.dir / "server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    lab.manifest("server", command=str(program))
+    lab.stock()
+    with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"]) as client:
+        program.unlink()
+        with pytest.raises(SpawnFailed) as e:
+            run(client, "server")
+        assert e.value.stage == "exec"
+        for _ in range(50):
+            assert run(client, "true").code == 0
+        before = len(os.listdir(f"/proc/{client.server_pid}/fd"))
+        stats = client.stats()
+        assert stats["spawned"] == 50 and stats["failed"] == 1
+        for _ in range(50):
+            assert run(client, "true").code == 0
+        assert wait_until(lambda: len(os.listdir(f"/proc/{client.server_pid}/fd")) <= before, 5)
+        server = client.server_pid
+    assert not alive(server)
+
+
+# ---- landlock-supervisor run ---------------------------------------------------------
+
+def _run_cmd(args, *, input=None, env=None, timeout=15):
+    return subprocess.run([PYTHON, "-m", "supervisor", *args], cwd=REPO, input=input,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(params=["daemon", "private"])
+def runner(request, lab):
+    """argv prefix for `run`: through a running supervisor, or private via --manifests."""
+    lab.stock()
+    if request.param == "daemon":
+        svr = lab.start()
+        return ["--socket", str(svr.socket_path), "run"]
+    return ["--socket", str(lab.dir / "nonexistent" / "socket"), "run", "--manifests", str(lab.manifest_dir)]
+
+
+@pytest.mark.timeout(30)
+def test_run_relays_stdio(runner):
+    data = b"".join(b"%d\n" % i for i in range(20000))
+    r = _run_cmd([*runner, "cat"], input=data)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == data
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("script,status", [("exit 0", 0), ("exit 5", 5), ("kill -9 $$", 137),
+                                           ("kill -15 $$", 143)])
+def test_run_exit_status(runner, script, status):
+    r = _run_cmd([*runner, "sh", "--", script])
+    assert r.returncode == status, r.stderr
+
+
+@pytest.mark.timeout(30)
+def test_run_errors(runner):
+    r = _run_cmd([*runner, "nonexistent"])
+    assert r.returncode == 2 and b"nonexistent" in r.stderr, r
+    r = _run_cmd([*runner, "cat", "--", "/etc/passwd"])
+    assert r.returncode != 0 and b"does not let clients add arguments" in r.stderr, r
+    assert r.stdout == b""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_forwards_signals(runner, sig, lab):
+    script = (f"trap 'echo caught; exit 42' {sig.name[3:]}; echo ready; "
+              "sleep 100 & wait")
+    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", script], cwd=REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(proc.stdout.fileno(), 10) == b"ready\n"
+        proc.send_signal(sig)
+        assert proc.wait(10) == 42, proc.stderr.read()
+        assert proc.stdout.read() == b"caught\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert wait_until(lambda: not processes_with_tag(lab.tag), 3)
+
+
+@pytest.mark.timeout(30)
+def test_run_killed_ends_its_child(runner, lab):
+    """SIGKILL to `run` (nothing forwarded): the connection closes and the
+    child goes with it."""
+    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", "echo $$; exec sleep 100"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        child = int(read_line(proc.stdout.fileno(), 10))
+        assert alive(child)
+        started = time.monotonic()
+        proc.kill()
+        proc.wait()
+        assert wait_until(lambda: not alive(child), 3), state(child)
+        assert time.monotonic() - started < 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(30)
+def test_run_passes_client_env(lab):
+    lab.manifest("env", command="/usr/bin/env", client_env=["TOKEN"])
+    svr = lab.start()
+    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--env", "TOKEN", "--env", "HOME", "env"],
+                 env={"TOKEN": "s3cret"})
+    # HOME is in this environment but not in client_env: refused, nothing runs.
+    assert r.returncode != 0 and b"HOME" in r.stderr, r
+    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--env", "TOKEN", "env"], env={"TOKEN": "s3cret"})
+    assert r.returncode == 0, r
+    assert b"TOKEN=s3cret\n" in r.stdout
+
+
+@pytest.mark.timeout(30)
+def test_ping_list_stats_commands(sv):
+    import json
+    base = ["--socket", str(sv.socket_path)]
+    r = _run_cmd([*base, "ping"])
+    assert r.returncode == 0 and json.loads(r.stdout)["pid"] == sv.pid
+    r = _run_cmd([*base, "list"])
+    assert r.returncode == 0 and "sh" in json.loads(r.stdout)["manifests"]
+    r = _run_cmd([*base, "stats"])
+    assert r.returncode == 0 and json.loads(r.stdout)["fds"] > 0
+    r = _run_cmd(["--socket", "/nonexistent/socket", "ping"])
+    assert r.returncode == 1 and b"cannot reach the supervisor" in r.stderr
