@@ -20,9 +20,16 @@ from .client import SupervisorError, _connect_path, error_from, spawn_request
 
 async def _receive(sock: socket.socket) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
+    reset = False
     while True:
         try:
             message, fds = protocol.recv(sock)
+        except ConnectionResetError:
+            # See client._receive: the refusal is read after the reset.
+            if reset:
+                raise
+            reset = True
+            continue
         except BlockingIOError:
             ready = loop.create_future()
             loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
@@ -35,6 +42,18 @@ async def _receive(sock: socket.socket) -> dict[str, Any]:
         if message is None:
             raise ConnectionError("the supervisor closed the connection")
         return message
+
+
+async def _send_first(sock: socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    """A connection's first request; a refused peer's refusal is raised."""
+    try:
+        protocol.send(sock, request, list(fds))
+    except (BrokenPipeError, ConnectionResetError):
+        try:
+            reply = await asyncio.wait_for(_receive(sock), 1)
+        except (OSError, asyncio.TimeoutError, protocol.ProtocolError):
+            raise ConnectionError("the supervisor closed the connection") from None
+        raise error_from(reply) from None
 
 
 class AsyncChild:
@@ -121,7 +140,7 @@ class AsyncClient:
         sock = self._connect()
         sock.setblocking(False)
         try:
-            protocol.send(sock, spawn_request(name, args, env, narrow), [stdin, stdout, stderr])
+            await _send_first(sock, spawn_request(name, args, env, narrow), [stdin, stdout, stderr])
             reply = await _receive(sock)
             if reply.get("event") != "spawned":
                 raise error_from(reply)
@@ -134,7 +153,7 @@ class AsyncClient:
         sock = self._connect()
         sock.setblocking(False)
         try:
-            protocol.send(sock, {"op": op})
+            await _send_first(sock, {"op": op})
             reply = await _receive(sock)
         finally:
             sock.close()

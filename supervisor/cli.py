@@ -132,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         except clients.SpawnFailed as e:
             return _fail(EXIT_EXEC_FAILED, str(e))
         except clients.SupervisorError as e:
-            return _fail(EXIT_USAGE if e.code.startswith("bad") else 1, str(e))
+            refused = e.code.startswith("bad") or e.code in ("args_refused", "env_refused")
+            return _fail(EXIT_USAGE if refused else 1, str(e))
         while child.exited is None:
             ready, _, _ = select.select([child.fileno(), r], [], [])
             if r in ready:

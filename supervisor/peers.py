@@ -31,6 +31,8 @@ class Peer:
             return True
         except ProcessLookupError:
             return False
+        except PermissionError:
+            return True  # another uid's (a --allow-uid peer of a user's supervisor): alive
 
 
 def credentials(sock: socket.socket) -> Peer:
@@ -52,17 +54,30 @@ def stat_fields(pid: int) -> list[str]:
 
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether ancestor is pid or one of its ancestors. As a subreaper, the
-    supervisor inherits its orphaned descendants, so the chain holds for them."""
-    seen = 0
-    while pid > 1 and seen < 4096:
-        if pid == ancestor:
-            return True
-        try:
-            pid = int(stat_fields(pid)[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        seen += 1
-    return pid == ancestor
+    supervisor inherits its orphaned descendants, so the chain holds for them.
+
+    Fails closed: a chain it cannot read (out of fds, say) counts as
+    descending. An ancestor that vanishes mid-walk had its children
+    reparented: the walk starts again, a few times. A pid that cannot be
+    seen at all is gone (the caller checks that) or another uid's under
+    /proc's hidepid: no descendant of ours, whose children share our uid."""
+    for _ in range(3):
+        current, seen = pid, 0
+        while current > 1 and seen < 4096:
+            if current == ancestor:
+                return True
+            try:
+                current = int(stat_fields(current)[1])
+            except (FileNotFoundError, ProcessLookupError):
+                if current == pid:
+                    return False
+                break  # an ancestor is gone: walk again from pid
+            except (OSError, ValueError, IndexError):
+                return True
+            seen += 1
+        else:
+            return current == ancestor
+    return True
 
 
 def groups_of(pid: int) -> set[int]:

@@ -121,6 +121,7 @@ class Supervisor:
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
         self.stopping = False
         self.listener: socket.socket | None = None
+        self.accept_paused = False       # out of fds: the listener is not watched for a moment
         self.owns_socket_path = False
         self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
         self.manifests = self._load_manifests()
@@ -242,11 +243,11 @@ class Supervisor:
             if self.timers:
                 timeout = max(0.0, self.timers[0][0] - time.monotonic())
             for key, _ in self.selector.select(timeout):
-                key.data(key)
+                _guarded(key.data, key)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, callback = heapq.heappop(self.timers)
-                callback()
+                _guarded(callback)
         self._finish()
         return 0
 
@@ -287,7 +288,8 @@ class Supervisor:
             return
         self.stopping = True
         if self.listener is not None:
-            self.selector.unregister(self.listener)
+            if not self.accept_paused:
+                self.selector.unregister(self.listener)
             self.listener.close()
             self.listener = None
             self._remove_socket_path()
@@ -331,8 +333,11 @@ class Supervisor:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                # EMFILE/ENFILE: leave the backlog; retry on the next event.
-                log(f"accept: {e}")
+                # EMFILE/ENFILE: the backlog waits. The listener stays readable,
+                # so stop watching it for a while rather than spin on it.
+                if not self.accept_paused:
+                    log(f"accept: {e}; pausing accepts")
+                self._pause_accepts()
                 return
             sock.setblocking(False)
             try:
@@ -348,6 +353,18 @@ class Supervisor:
                 sock.close()
                 continue
             self._add_connection(sock, peer)
+
+    def _pause_accepts(self, seconds: float = 0.1) -> None:
+        if self.listener is None or self.accept_paused:
+            return
+        self.selector.unregister(self.listener)
+        self.accept_paused = True
+
+        def resume() -> None:
+            self.accept_paused = False
+            if self.listener is not None:
+                self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
+        self._at(seconds, resume)
 
     def _refusal(self, peer: peers.Peer) -> str | None:
         if len(self.connections) >= self.limits.connections:
@@ -428,6 +445,12 @@ class Supervisor:
             protocol.close_all(fds)
             self.stats["refused"] += 1
             self._send(conn, {"event": "error", "code": e.code, "error": str(e), "op": message.get("op")})
+        except Exception as e:
+            protocol.close_all(fds)
+            self.stats["refused"] += 1
+            log(f"internal error on {message.get('op')!r}: {type(e).__name__}: {e}")
+            self._send(conn, {"event": "error", "code": "internal",
+                              "error": f"internal error: {type(e).__name__}: {e}", "op": message.get("op")})
 
     def _dispatch(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
@@ -442,6 +465,8 @@ class Supervisor:
                                              "already_spawned")
             self._spawn(conn, message, fds)
             return
+        if op == "connect":
+            raise protocol.ProtocolError("'connect' is for a private supervisor's control channel only", "bad_op")
         if fds:
             raise protocol.ProtocolError(f"{op!r} takes no file descriptors", "bad_fds")
         if op == "ping":
@@ -453,7 +478,7 @@ class Supervisor:
                 for s in self.sessions.values()]})
         elif op == "stats":
             self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
-                              "connections": len(self.connections), "fds": len(os.listdir("/proc/self/fd")),
+                              "connections": len(self.connections), "fds": _fd_count(),
                               "rss_kib": _rss_kib()})
         elif op in ("signal", "status"):
             session = conn.session
@@ -680,6 +705,14 @@ class Supervisor:
                 pass
 
 
+def _guarded(callback: Callable[..., None], *args: Any) -> None:
+    """A bug in one handler must not take the supervisor, and every child, down."""
+    try:
+        callback(*args)
+    except Exception as e:
+        log(f"internal error: {type(e).__name__}: {e}")
+
+
 def _check_stdio(index: int, fd: int) -> None:
     names = ("stdin", "stdout", "stderr")
     try:
@@ -729,11 +762,21 @@ def _kill_session(sid: int, start: str) -> int:
     return killed
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+def _fd_count() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None  # out of fds: listing them takes one
+
+
+def _rss_kib() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
     return 0
 
 

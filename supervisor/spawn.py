@@ -83,11 +83,11 @@ def _child(launch: Launch, stdio: list[int], reset_signals: list[int], err_w: in
             os.closerange(low, fd)
             low = fd + 1
         os.closerange(low, 0x7FFFFFFF)
-        stage = "chdir"
-        os.chdir(launch.cwd)
-        os.umask(launch.umask)
         stage = "privileges"
         launch.confinement.drop_privileges()
+        stage = "chdir"  # as the server's user: a directory it could not enter is an error
+        os.chdir(launch.cwd)
+        os.umask(launch.umask)
         stage = "pdeathsig"
         # Armed after the uid change, which clears it; then re-check that the
         # supervisor did not die before it was armed.

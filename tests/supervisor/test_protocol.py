@@ -70,7 +70,7 @@ SPAWN = {"op": "spawn", "manifest": "sh", "args": ["echo should not run"]}
      "bad_request"),
     (json.dumps({"v": 1, "op": "signal", "signal": 15}).encode(), 0, "no_child"),
     (json.dumps({"v": 1, "op": "status"}).encode(), 0, "no_child"),
-    (json.dumps({"v": 1, "op": "connect"}).encode(), 1, "bad_fds"),   # control channel only
+    (json.dumps({"v": 1, "op": "connect"}).encode(), 1, "bad_op"),    # control channel only
     (json.dumps({"v": 1, "op": "connect"}).encode(), 0, "bad_op"),
 ])
 def test_malformed_message(shared_sv, baseline, data, nfds, code):
