@@ -202,7 +202,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     umask_text = top.get("umask", (str, int), "077")
     if isinstance(umask_text, int) and umask_text != 0:
         # YAML reads 077 as the number 63 (and 22 as 22): only a string says what was meant.
-        top.fail("umask", f"expected a quoted octal string such as \"077\", got the number {umask_text}")
+        top.fail("umask", f"expected a quoted octal string such as \"077\", got the number {umask_text} (YAML reads 022 as 18: quote it)")
     try:
         umask = int(str(umask_text), 8)
     except ValueError:
