@@ -12,10 +12,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import landlock
-
 from . import protocol
-from .client import SupervisorError, _connect_path, error_from, spawn_request
+from .client import ChildState, SupervisorError, _connect_path, error_from, spawn_request
 
 
 async def _receive(sock: socket.socket) -> dict[str, Any]:
@@ -56,27 +54,13 @@ async def _send_first(sock: socket.socket, request: dict[str, Any], fds: Sequenc
         raise error_from(reply) from None
 
 
-class AsyncChild:
+class AsyncChild(ChildState):
     def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
-        self._sock = sock
-        self.pid: int = spawned["pid"]
-        self.pgid: int = spawned["pgid"]
-        self.manifest: str = spawned.get("manifest", "")
-        self.report = landlock.Report.from_dict(spawned["report"])
-        self.exited: dict[str, Any] | None = None
+        super().__init__(sock, spawned)
         self._lock = asyncio.Lock()   # one reader of the connection at a time
 
-    @property
-    def returncode(self) -> int | None:
-        if self.exited is None:
-            return None
-        return self.exited["code"] if self.exited["code"] is not None else -self.exited["signal"]
-
     async def _next(self) -> dict[str, Any]:
-        message = await _receive(self._sock)
-        if message.get("event") == "exited":
-            self.exited = message
-        return message
+        return self._handle(await _receive(self._sock))
 
     async def wait(self) -> int:
         async with self._lock:
@@ -103,9 +87,6 @@ class AsyncChild:
 
     async def kill(self) -> None:
         await self.signal(signals.SIGKILL)
-
-    def close(self) -> None:
-        self._sock.close()
 
     async def __aenter__(self) -> "AsyncChild":
         return self

@@ -107,8 +107,8 @@ def spawn_request(name: str, args: Sequence[str], env: Mapping[str, str] | None,
     return request
 
 
-class Child:
-    """A confined child of the supervisor, held by its connection."""
+class ChildState:
+    """What the supervisor told about a child: shared by the sync and asyncio clients."""
 
     def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
         self._sock = sock
@@ -129,6 +129,17 @@ class Child:
         if message.get("event") == "exited":
             self.exited = message
         return message
+
+    def fileno(self) -> int:
+        """Readable when the supervisor has news (e.g. the exit): for selectors."""
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class Child(ChildState):
+    """A confined child of the supervisor, held by its connection."""
 
     def _request(self, request: dict[str, Any], expect: str, timeout: float | None = 10) -> dict[str, Any]:
         protocol.send(self._sock, request)
@@ -176,13 +187,6 @@ class Child:
 
     def status(self) -> dict[str, Any]:
         return self._request({"op": "status"}, "status")
-
-    def fileno(self) -> int:
-        """Readable when the supervisor has news (e.g. the exit): for selectors."""
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()
 
     def __enter__(self) -> "Child":
         return self
