@@ -552,6 +552,13 @@ class Supervisor:
         finally:
             protocol.close_all(fds)
         os.sched_yield()  # on 2 cores, let the child run before we go on
+        previous = self.sessions.get(pid)
+        if previous is not None:
+            # pids wrap: the last child with this pid was reaped in this same
+            # select batch, its error pipe not read yet. Settle it first, or
+            # it would take the new child's session with it when forgotten.
+            self._on_errpipe(previous)
+            self.sessions.pop(pid, None)
         session = Session(pid, self.manifests[request["manifest"]], conn,
                           dict(launch.confinement.report.to_dict(), tid=pid), conn.peer.uid, errpipe)
         conn.session = session
@@ -697,7 +704,8 @@ class Supervisor:
     def _forget(self, session: Session) -> None:
         if session.kill_timer is not None:
             session.kill_timer[0] = True
-        self.sessions.pop(session.pid, None)
+        if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
+            del self.sessions[session.pid]
         if session.record:
             try:
                 os.unlink(session.record)

@@ -1,0 +1,61 @@
+"""Fixtures for the adversarial tests: the supervisor tests' `lab` and
+`module_lab` (reused, not copied: tests/supervisor/conftest.py is loaded
+here under another module name), and the check that the dedicated uids of
+sechelpers.py are unused. Helpers live in sechelpers.py (a conftest is not
+reliably importable).
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from sechelpers import DEDICATED_UIDS, KERNEL_ABI, ROOT, svconf  # noqa: E402
+
+# The supervisor tests' fixtures, under the same names.
+lab = svconf.lab
+module_lab = svconf.module_lab
+
+
+def _uid_unused(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return False
+    except KeyError:
+        pass
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    return False
+            except OSError:
+                pass
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mine = [i for i in items if str(i.fspath).startswith(str(HERE) + os.sep)]
+    if not ROOT:
+        skip = pytest.mark.skip(reason="tests/security needs root (uid switches, chown, setuid files)")
+        for item in mine:
+            item.add_marker(skip)
+        return
+    if not KERNEL_ABI:
+        skip = pytest.mark.skip(reason="this kernel has no Landlock")
+        for item in mine:
+            if "enforcement" in item.keywords or item.fspath.basename == "test_limits.py":
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dedicated_uids_unused() -> None:
+    """The premise of the resource bombs: nobody else uses these uids."""
+    if ROOT:
+        busy = [u for u in DEDICATED_UIDS if not _uid_unused(u)]
+        if busy:
+            pytest.exit(f"uids {busy} are in use on this machine: tests/security needs them dedicated", 2)

@@ -1,0 +1,470 @@
+"""The attacker: run by a confined child of the supervisor, it tries what the
+escape catalogue asks and reports what the kernel said.
+
+    python3 -I probe.py '[["read", "/secret"], ["kill", 1234, 15], ...]'
+
+prints one JSON list: for each operation {"op", "ok", "value"} or
+{"op", "ok": false, "errno", "errname", "error"}. Stdlib only, no imports
+from the project (the child cannot read it). Each operation is a real
+attempt; nothing here asks permission first.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import resource
+import socket
+import sys
+import termios
+import time
+
+IPPROTO_MPTCP = 262
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+PTRACE_ATTACH = 16
+PTRACE_DETACH = 17
+
+_libc = None
+
+
+def libc():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _oserror(what):
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+# ---- files -----------------------------------------------------------------
+
+def op_read(path):
+    with open(path, "rb") as f:
+        return f.read(4096).decode(errors="replace")
+
+
+def op_open_write(path):
+    fd = os.open(path, os.O_WRONLY)
+    os.close(fd)
+
+
+def op_create(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+
+
+def op_write_file(path, text, mode="644"):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode, 8))
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def op_unlink(path):
+    os.unlink(path)
+
+
+def op_rmdir(path):
+    os.rmdir(path)
+
+
+def op_mkdir(path):
+    os.mkdir(path)
+
+
+def op_rename(src, dst):
+    os.rename(src, dst)
+
+
+def op_link(src, dst):
+    os.link(src, dst)
+
+
+def op_symlink(target, path):
+    os.symlink(target, path)
+
+
+def op_truncate(path):
+    os.truncate(path, 0)
+
+
+def op_open_trunc(path):
+    fd = os.open(path, os.O_RDONLY | os.O_TRUNC)
+    os.close(fd)
+
+
+def op_copy(src, dst, mode="755"):
+    with open(src, "rb") as f:
+        data = f.read()
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode, 8))
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(dst, int(mode, 8))
+
+
+def op_mknod_char(path, major=1, minor=3):
+    import stat
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+
+
+def op_mkfifo(path):
+    os.mkfifo(path)
+
+
+def op_chmod(path, mode):
+    os.chmod(path, int(mode, 8))
+
+
+def op_chown(path, uid, gid):
+    os.chown(path, uid, gid)
+
+
+def op_utime(path):
+    os.utime(path, (1, 1))
+
+
+def op_setxattr(path):
+    os.setxattr(path, "user.llsv", b"x")
+
+
+def op_stat(path):
+    st = os.stat(path)
+    return {"mode": oct(st.st_mode), "uid": st.st_uid, "size": st.st_size}
+
+
+# ---- running things --------------------------------------------------------
+
+def _spawn(argv, env=None):
+    """posix_spawn argv (exec errors raise here), its stdout read to EOF."""
+    r, w = os.pipe()
+    try:
+        pid = os.posix_spawn(argv[0], argv, env or {"PATH": "/usr/bin:/bin"},
+                             file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+    finally:
+        os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return {"status": os.waitstatus_to_exitcode(status), "out": out.decode(errors="replace")}
+
+
+def op_exec(*argv):
+    return _spawn(list(argv))
+
+
+def op_memfd_exec(src, *args):
+    """Copy an executable into a memfd and fexecve it (in a forked child)."""
+    with open(src, "rb") as f:
+        data = f.read()
+    fd = os.memfd_create("payload", 0)
+    os.write(fd, data)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(w, 1)
+            os.execve(fd, [src, *args], {"PATH": "/usr/bin:/bin"})
+        except OSError as e:
+            os.write(2, f"fexecve: {e}\n".encode())
+            os._exit(200 + (e.errno or 0) % 50)
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 200:
+        raise OSError(code - 200, "fexecve failed")
+    return {"status": code, "out": out.decode(errors="replace")}
+
+
+# ---- processes -------------------------------------------------------------
+
+def op_kill(pid, sig):
+    os.kill(pid, sig)
+
+
+def op_ptrace_attach(pid):
+    c = libc()
+    c.ptrace.restype = ctypes.c_long
+    if c.ptrace(ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(pid), None, None) < 0:
+        _oserror("ptrace(PTRACE_ATTACH)")
+    c.ptrace(ctypes.c_long(PTRACE_DETACH), ctypes.c_long(pid), None, None)
+    return "attached"
+
+
+def op_process_vm_readv(pid):
+    c = libc()
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    buf = ctypes.create_string_buffer(64)
+    local = IoVec(ctypes.cast(buf, ctypes.c_void_p), 64)
+    # The remote address hardly matters: the access check comes first.
+    remote = IoVec(0x400000, 64)
+    c.process_vm_readv.restype = ctypes.c_ssize_t
+    n = c.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if n < 0:
+        _oserror("process_vm_readv")
+    return n
+
+
+def op_proc_mem(pid):
+    with open(f"/proc/{pid}/mem", "rb") as f:
+        return len(f.read(1))
+
+
+def op_environ():
+    return dict(os.environ)
+
+
+def op_fds():
+    """Every open fd: fstat'ed one by one, so no listing fd shows up."""
+    found = []
+    for fd in range(0, resource.getrlimit(resource.RLIMIT_NOFILE)[0]):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = "?"
+        found.append([fd, target])
+    return found
+
+
+def op_session():
+    try:
+        tty = os.open("/dev/tty", os.O_RDWR)
+        os.close(tty)
+        ctty = True
+    except OSError as e:
+        ctty = errno.errorcode.get(e.errno, str(e.errno))
+    return {"pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "dev_tty": ctty,
+            "isatty0": os.isatty(0)}
+
+
+def op_tiocsti(text):
+    for ch in text.encode():
+        fcntl.ioctl(0, termios.TIOCSTI, bytes([ch]))
+
+
+def op_tiocswinsz(rows, cols):
+    import struct
+    fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def op_unshare_userns():
+    """A new user (and mount) namespace: every capability, inside it."""
+    if libc().unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0:
+        _oserror("unshare(CLONE_NEWUSER|CLONE_NEWNS)")
+    with open("/proc/self/status") as f:
+        return [line.split()[1] for line in f if line.startswith("CapEff:")][0]
+
+
+def op_mount_tmpfs(target):
+    if libc().mount(b"none", target.encode(), b"tmpfs", 0, None) < 0:
+        _oserror("mount")
+    return "mounted"
+
+
+# ---- sockets ---------------------------------------------------------------
+
+def op_connect_abstract(name):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect("\0" + name)
+        s.sendall(b"hello from the sandbox")
+
+
+def op_connect_unix(path):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b"hello from the sandbox")
+
+
+def op_supervisor_spawn(path, manifest):
+    """Connect to the supervisor's socket and ask for a spawn with our stdio."""
+    import array
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    req = json.dumps({"v": 1, "op": "spawn", "manifest": manifest, "args": []}).encode()
+    try:
+        s.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    s.settimeout(5)
+    for _ in range(2):
+        try:
+            data = s.recv(65536)
+            break
+        except ConnectionResetError:  # closed with our request unread; the reply follows
+            continue
+    s.close()
+    return json.loads(data) if data else None
+
+
+def op_tcp_connect(port, family=4, proto=0):
+    fam = socket.AF_INET if family == 4 else socket.AF_INET6
+    host = "127.0.0.1" if family == 4 else "::1"
+    with socket.socket(fam, socket.SOCK_STREAM, proto) as s:
+        s.settimeout(5)
+        s.connect((host, port))
+        s.sendall(b"hello from the sandbox")
+
+
+def op_mptcp_connect(port):
+    return op_tcp_connect(port, 4, IPPROTO_MPTCP)
+
+
+def op_tcp_bind(port, family=4, proto=0):
+    fam = socket.AF_INET if family == 4 else socket.AF_INET6
+    host = "127.0.0.1" if family == 4 else "::1"
+    with socket.socket(fam, socket.SOCK_STREAM, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen()
+
+
+def op_mptcp_bind(port):
+    return op_tcp_bind(port, 4, IPPROTO_MPTCP)
+
+
+def op_udp_send(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return s.sendto(b"hello from the sandbox", ("127.0.0.1", port))
+
+
+# ---- resources -------------------------------------------------------------
+
+def op_fork_bomb(bound, linger=3.0):
+    """Fork up to `bound` children (each sleeps, then leaves): how many succeed."""
+    made, failure = 0, None
+    for _ in range(bound):
+        try:
+            pid = os.fork()
+        except OSError as e:
+            failure = errno.errorcode.get(e.errno, str(e.errno))
+            break
+        if pid == 0:
+            time.sleep(linger)
+            os._exit(0)
+        made += 1
+    return {"forked": made, "failure": failure}
+
+
+def op_mem_bomb(max_mib, chunk_mib=8):
+    held, got = [], 0
+    try:
+        while got < max_mib:
+            b = bytearray(chunk_mib << 20)
+            b[::4096] = b"\1" * len(b[::4096])   # touch every page
+            held.append(b)
+            got += chunk_mib
+        failure = None
+    except MemoryError:
+        failure = "MemoryError"
+    return {"mib": got, "failure": failure}
+
+
+def op_fd_bomb(bound):
+    fds, failure = [], None
+    try:
+        for _ in range(bound):
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError as e:
+        failure = errno.errorcode.get(e.errno, str(e.errno))
+    n = len(fds)
+    for fd in fds:
+        os.close(fd)
+    return {"opened": n, "failure": failure, "highest": 2 + n}
+
+
+def op_cpu_spin(seconds):
+    """Spin until killed (SIGXCPU) or `seconds` of wall time pass."""
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+    return {"survived": True}
+
+
+def op_big_file(path, max_mib):
+    """Write 1 MiB blocks. Python ignores SIGXFSZ (so write fails with EFBIG)."""
+    block = b"\0" * (1 << 20)
+    written, failure = 0, None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(max_mib):
+            written += os.write(fd, block)
+    except OSError as e:
+        failure = errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        os.close(fd)
+    return {"written": written, "size": os.stat(path).st_size, "failure": failure}
+
+
+def op_sleep(seconds):
+    time.sleep(seconds)
+
+
+def op_rlimits():
+    out = {}
+    for name in ("NPROC", "NOFILE", "DATA", "AS", "CPU", "FSIZE"):
+        out[name] = list(resource.getrlimit(getattr(resource, "RLIMIT_" + name)))
+    return out
+
+
+def op_ids():
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    return {k: status[k].split() for k in ("Uid", "Gid", "CapEff", "CapPrm", "CapBnd", "NoNewPrivs")}
+
+
+OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
+
+
+def run(op):
+    name, *args = op
+    out = {"op": name}
+    try:
+        out["value"] = OPS[name](*args)
+        out["ok"] = True
+    except OSError as e:
+        out.update(ok=False, errno=e.errno, errname=errno.errorcode.get(e.errno or 0, str(e.errno)),
+                   error=str(e))
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        out.update(ok=False, errno=None, errname=type(e).__name__, error=str(e))
+    return out
+
+
+def main():
+    results = []
+    for op in json.loads(sys.argv[1]):
+        results.append(run(op))
+        # Flushed as we go: a resource bomb may kill us before the end.
+        print(json.dumps(results[-1]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""What Landlock (and this supervisor) cannot stop, recorded as it is today.
+
+Each test makes the attempt for real, as a confined child, and compares
+what happened with the Limits table of docs/security.md: a row says
+`allowed` or `denied` and, where one exists, the ABI that fixes it (from
+that ABI on the test expects `denied`). A kernel that starts to deny, or
+documentation that claims a denial the kernel does not make, fails here.
+(Not marked `enforcement`: a limit the machine switches off, MPTCP or user
+namespaces, is skipped.)
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import socket
+import struct
+import termios
+
+import pytest
+
+from sechelpers import IDENTITIES, Identity, accepted, attack, check_limit, make_arena, reset_writable
+from svhelpers import wait_until
+
+LOADER = "/lib64/ld-linux-x86-64.so.2"
+
+
+@pytest.fixture(scope="module")
+def arena(module_lab):
+    yield from make_arena(module_lab)
+
+
+@pytest.fixture(params=IDENTITIES, ids=[i.name for i in IDENTITIES])
+def ident(request) -> Identity:
+    return request.param
+
+
+@pytest.fixture
+def fresh(arena, ident):
+    reset_writable(arena, ident)
+    yield arena
+    reset_writable(arena, ident)
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        with open(f"/proc/sys/{name}") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _mptcp_enabled() -> bool:
+    return _sysctl("net/mptcp/enabled") == "1"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not _mptcp_enabled(), reason="MPTCP is off here (net.mptcp.enabled)")
+def test_mptcp_passes_the_tcp_rules(fresh, ident):
+    """socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP) connects to and binds
+    ports the manifest does not list: the TCP rights cover TCP sockets only
+    (Landlock erratum 1 made that explicit)."""
+    o = fresh.attack(ident, [["mptcp_connect", fresh.ports["mptcp_target"]],
+                             ["mptcp_bind", fresh.ports["bind_denied"]]])
+    got = accepted(fresh.listeners["mptcp_target"])
+    check_limit("mptcp", o[0]["ok"] and got == b"hello from the sandbox")
+    check_limit("mptcp", o[1]["ok"])
+
+
+@pytest.mark.timeout(30)
+def test_udp(fresh, ident):
+    """UDP datagrams leave to any port (the manifest lists none)."""
+    o = fresh.attack(ident, [["udp_send", fresh.ports["udp"]]])
+    got = None
+    if o[0]["ok"]:
+        assert wait_until(lambda: _recv_udp(fresh.listeners["udp"]), 2)
+        got = True
+    check_limit("udp", bool(got))
+
+
+def _recv_udp(sock: socket.socket) -> bytes | None:
+    try:
+        return sock.recv(100)
+    except BlockingIOError:
+        return None
+
+
+@pytest.mark.timeout(30)
+def test_pathname_unix_socket(fresh, ident):
+    """connect() to a pathname socket in a directory with no rule at all
+    (the user's session bus, docker.sock, the supervisor's own socket)."""
+    o = fresh.attack(ident, [["connect_unix", str(fresh.unix_path)]])
+    got = accepted(fresh.listeners["unix"]) if o[0]["ok"] else None
+    check_limit("unix-pathname", got == b"hello from the sandbox")
+
+
+@pytest.mark.timeout(30)
+def test_metadata_of_own_files(fresh, ident):
+    """chmod, chown (to itself), utime and setxattr of a file the child owns
+    in a directory with no rule: Landlock does not handle metadata."""
+    own = fresh.p(f"secret/own-{ident.name}")
+    o = fresh.attack(ident, [["chmod", own, "600"], ["chown", own, ident.uid, ident.uid], ["utime", own],
+                             ["setxattr", own]])
+    st = os.stat(own)
+    check_limit("own-metadata", all(r["ok"] for r in o.results) and st.st_mode & 0o777 == 0o600
+                and st.st_mtime == 1)
+    os.chmod(own, 0o644)
+
+
+@pytest.mark.timeout(30)
+def test_dynamic_loader_runs_noexec_code(fresh, ident):
+    """A program copied into a read_write_noexec directory cannot be
+    execve'd, but the dynamic loader (executable, in /lib64) maps and runs
+    it: EXECUTE is checked at execve, the loader's open is a read and its
+    mmap(PROT_EXEC) is not checked."""
+    prog = fresh.rw(ident, "t")
+    o = fresh.attack(ident, [["copy", fresh.p("allowed/true"), prog], ["exec", prog], ["exec", LOADER, prog]])
+    assert o[0]["ok"] and o.errname(1) == "EACCES", o
+    check_limit("loader-exec", o[2]["ok"] and o[2]["value"]["status"] == 0)
+
+
+@pytest.mark.timeout(30)
+def test_memfd_exec(fresh, ident):
+    """Bytes read from a noexec grant, written to memfd_create, run with
+    fexecve: a memfd is not a path Landlock has rules for."""
+    o = fresh.attack(ident, [["memfd_exec", fresh.p("allowed/true")]])
+    check_limit("memfd-exec", o[0]["ok"] and o[0]["value"]["status"] == 0)
+
+
+@pytest.mark.timeout(30)
+def test_proc_reads_where_proc_is_granted(fresh, ident):
+    """With /proc granted, a child reads other processes' command lines and
+    status (the supervisor's included) and the system's socket tables (the
+    supervisor's socket path among them)."""
+    pid = fresh.sv.pid
+    o = fresh.attack(ident, [["read", f"/proc/{pid}/cmdline"], ["read", f"/proc/{pid}/status"],
+                             ["read", "/proc/net/unix"]])
+    ok = all(r["ok"] for r in o.results)
+    check_limit("proc-reads", ok and "supervisor" in o[0]["value"])
+
+
+@pytest.mark.timeout(30)
+def test_hard_link_planted_in_a_granted_tree(fresh, ident):
+    """A hard link to the secret, made beforehand (by someone outside) in a
+    granted directory, reads: rules follow the path walked, and a hard link
+    is another path to the same inode."""
+    o = fresh.attack(ident, [["read", fresh.p("allowed/hardlink")], ["read", fresh.p("secret/secret")]])
+    assert o.errname(1) == "EACCES", o
+    check_limit("hardlink-planted", o[0]["ok"] and "TOP SECRET" in o[0]["value"])
+
+
+@pytest.mark.timeout(30)
+def test_user_namespaces(fresh, ident):
+    """unshare(CLONE_NEWUSER): a confined child gets a user namespace with
+    every capability in it (mount is still denied by Landlock): more kernel
+    attack surface, not an escape."""
+    o = fresh.attack(ident, [["unshare_userns"], ["mount_tmpfs", fresh.rw(ident)]])
+    if not o[0]["ok"] and _sysctl("user/max_user_namespaces") == "0":
+        pytest.skip("user namespaces are off here (user.max_user_namespaces=0)")
+    assert o.errname(1) == "EPERM", o
+    check_limit("userns", o[0]["ok"])
+
+
+@pytest.mark.timeout(30)
+def test_ioctl_on_an_inherited_terminal(fresh, ident):
+    """The client's terminal, passed as stdin: TIOCSTI is stopped by the new
+    session, but other ioctls (window size, termios) change it: Landlock's
+    IOCTL_DEV is checked at open(), not on inherited fds."""
+    master, slave = pty.openpty()
+    try:
+        o = fresh.attack(ident, [["tiocswinsz", 33, 111]], stdin=slave)
+        rows, cols = struct.unpack("HHHH", fcntl.ioctl(master, termios.TIOCGWINSZ, b"\0" * 8))[:2]
+    finally:
+        os.close(master)
+        os.close(slave)
+    check_limit("ioctl-inherited", o[0]["ok"] and (rows, cols) == (33, 111))
+
+
+@pytest.mark.timeout(30)
+def test_root_ignores_nproc(arena):
+    """Capability-less root is not held by RLIMIT_NPROC: the kernel exempts
+    uid 0 (INIT_USER) from the check whatever its capabilities. Bounded at
+    24 forks; NPROC 8."""
+    root = IDENTITIES[1]
+    o = attack(arena.sv.client, root.manifest, [["fork_bomb", 24, 0.5]], narrow={"rlimits": {"NPROC": 8}})
+    v = o[0]["value"]
+    check_limit("nproc-root", v["forked"] == 24 and v["failure"] is None)
