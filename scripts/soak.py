@@ -190,13 +190,16 @@ def tagged(tag: str) -> list[int]:
 
 
 def idle_fds(pid: int, timeout: float = 10) -> int:
-    """The supervisor's fd count once no client connection is open."""
+    """The supervisor's fd count once no client connection is open. Ruleset
+    fds are a bounded cache that SIGHUP empties: not counted."""
     deadline = time.monotonic() + timeout
     while True:
         targets = []
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
-                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target != "anon_inode:[landlock-ruleset]":
+                    targets.append(target)
             except OSError:
                 pass
         if sum(t.startswith("socket:") for t in targets) <= 1 and not any("pidfd" in t for t in targets):
