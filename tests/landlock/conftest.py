@@ -29,7 +29,9 @@ import landlock
 
 KERNEL_ABI = landlock.abi_version()
 # Every ABI this kernel can be capped to (Spec.max_abi), for real enforcement.
-ABIS = list(range(1, KERNEL_ABI + 1))
+# Inside the kernel matrix (EXPECT_ABI set) only the kernel's own: the
+# capped ones are the host's job, and TCG is slow.
+ABIS = [KERNEL_ABI] if "EXPECT_ABI" in os.environ and KERNEL_ABI else list(range(1, KERNEL_ABI + 1))
 ROOT = os.geteuid() == 0
 UNPRIVILEGED_UID = 65534  # nobody
 CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
