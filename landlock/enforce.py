@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import signal
 import sys
 import termios
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import prctl
 
@@ -58,14 +59,19 @@ class Confinement:
     ruleset: Ruleset
     rlimit_plan: rlimits.Plan
     credentials: Credentials | None
-    drop_capabilities: bool
+    capability_drop: privileges.CapabilityDrop | None
     report: Report
+
+    @functools.cached_property
+    def report_dict(self) -> dict[str, Any]:
+        """The Report as JSON-ready data, built once: a fork-server sends it per child."""
+        return self.report.to_dict()
 
     def drop_privileges(self) -> None:
         if self.credentials is not None:
             privileges.switch_to(self.credentials)
-        elif self.drop_capabilities:
-            privileges.drop_capabilities()
+        elif self.capability_drop is not None:
+            self.capability_drop.apply()
 
     def restrict(self) -> None:
         """rlimits (memory last), no_new_privs, then the Landlock domain."""
@@ -97,7 +103,7 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
         report.uid, report.gid = creds.uid, creds.gid
     else:
         report.uid, report.gid = os.getuid(), os.getgid()
-    return Confinement(ruleset, plan, creds, drop_caps, report)
+    return Confinement(ruleset, plan, creds, privileges.capability_drop() if drop_caps else None, report)
 
 
 def apply(spec: Spec) -> Report:

@@ -27,6 +27,12 @@ from . import manifest as manifests
 from . import peers, protocol, reap, spawn
 from .manifest import Manifest, ManifestError
 
+# What a root supervisor keeps in its bounding set: users and groups to
+# switch to, capabilities and securebits to drop, state directories to chown,
+# paths of other users to read, children of other uids to signal.
+KEEP_CAPABILITIES = (prctl.CAP_CHOWN, prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH,
+                     prctl.CAP_FOWNER, prctl.CAP_KILL, prctl.CAP_SETGID, prctl.CAP_SETUID,
+                     prctl.CAP_SETPCAP)
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
 # Reset in every child: what we catch, and what Python ignores at start-up.
@@ -227,6 +233,8 @@ class Supervisor:
 
     def serve(self) -> int:
         prctl.set_child_subreaper(1)
+        if prctl.cap_effective.setpcap:
+            landlock.privileges.limit_bounding_set(KEEP_CAPABILITIES)
         self._end_survivors()
         self._install_signals()
         if self.config.control_fd is not None:
@@ -560,7 +568,7 @@ class Supervisor:
             self._on_errpipe(previous)
             self.sessions.pop(pid, None)
         session = Session(pid, self.manifests[request["manifest"]], conn,
-                          dict(launch.confinement.report.to_dict(), tid=pid), conn.peer.uid, errpipe)
+                          {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe)
         conn.session = session
         self.sessions[pid] = session
         self.selector.register(errpipe, selectors.EVENT_READ, lambda key: self._on_errpipe(session))
