@@ -15,6 +15,7 @@ import socket
 import stat
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -389,11 +390,14 @@ class Supervisor:
         self.connections[sock.fileno()] = conn
         self.selector.register(sock, selectors.EVENT_READ, lambda key: self._on_readable(conn))
         if not control:
-            conn.deadline = self._at(self.limits.request_deadline, lambda: self._expire(conn))
+            # A weak reference: a closed connection (and its socket) is freed
+            # now, not when its deadline comes.
+            conn.deadline = self._at(self.limits.request_deadline,
+                                     lambda ref=weakref.ref(conn): self._expire(ref()))
         return conn
 
-    def _expire(self, conn: Connection) -> None:
-        if conn.session is None and conn.sock.fileno() in self.connections:
+    def _expire(self, conn: Connection | None) -> None:
+        if conn is not None and conn.session is None and conn.sock.fileno() in self.connections:
             self._reply(conn.sock, {"event": "error", "code": "timeout",
                                     "error": f"no request within {self.limits.request_deadline} s"})
             self._close(conn)
