@@ -5,7 +5,7 @@ import dataclasses
 import json
 import resource
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import rights

@@ -9,7 +9,6 @@ unless its manifest says `on_disconnect: keep`.
 """
 from __future__ import annotations
 
-import os
 import select
 import signal as signals
 import socket

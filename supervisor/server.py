@@ -13,7 +13,6 @@ import selectors
 import signal
 import socket
 import stat
-import sys
 import time
 import weakref
 from collections.abc import Callable

@@ -15,7 +15,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from sechelpers import DEDICATED_UIDS, KERNEL_ABI, ROOT, svconf  # noqa: E402
+from sechelpers import (DEDICATED_UIDS, IDENTITIES, KERNEL_ABI, ROOT, Identity, make_arena,  # noqa: E402
+                        reset_writable, svconf)
 
 # The supervisor tests' fixtures, under the same names.
 lab = svconf.lab
@@ -59,3 +60,21 @@ def dedicated_uids_unused() -> None:
         busy = [u for u in DEDICATED_UIDS if not _uid_unused(u)]
         if busy:
             pytest.exit(f"uids {busy} are in use on this machine: tests/security needs them dedicated", 2)
+
+
+# The attack arena, shared by the escape catalogue and the limits.
+@pytest.fixture(scope="module")
+def arena(module_lab):
+    yield from make_arena(module_lab)
+
+
+@pytest.fixture(params=IDENTITIES, ids=[i.name for i in IDENTITIES])
+def ident(request) -> Identity:
+    return request.param
+
+
+@pytest.fixture
+def fresh(arena, ident):
+    reset_writable(arena, ident)
+    yield arena
+    reset_writable(arena, ident)

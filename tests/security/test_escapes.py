@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from sechelpers import (BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Identity, Outcome, accepted,
-                        attack, make_arena, reset_writable)
+from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack
 from svhelpers import alive, wait_until
 
 pytestmark = pytest.mark.enforcement
@@ -31,23 +30,6 @@ def case(case_id: str):
         fn.case_id = case_id
         return fn
     return deco
-
-
-@pytest.fixture(scope="module")
-def arena(module_lab):
-    yield from make_arena(module_lab)
-
-
-@pytest.fixture(params=IDENTITIES, ids=[i.name for i in IDENTITIES])
-def ident(request) -> Identity:
-    return request.param
-
-
-@pytest.fixture
-def fresh(arena, ident):
-    reset_writable(arena, ident)
-    yield arena
-    reset_writable(arena, ident)
 
 
 def _errnos(outcome: Outcome) -> list[str | None]:

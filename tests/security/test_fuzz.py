@@ -32,7 +32,7 @@ import yaml
 
 from supervisor import manifest as manifests
 from supervisor.manifest import ManifestError
-from svhelpers import run, zombies_of
+from svhelpers import recv, run, zombies_of
 
 SEED = int(os.environ.get("LLSV_FUZZ_SEED", "20240607"))
 COUNT = int(os.environ.get("LLSV_FUZZ_COUNT", "12000"))
@@ -349,17 +349,6 @@ class Fuzzer:
 
 # ---- the wire ---------------------------------------------------------------------------------
 
-def _recv(s: socket.socket) -> dict[str, Any] | None:
-    data, anc, _, _ = s.recvmsg(1 << 18, socket.CMSG_SPACE(16 * 4))
-    for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[:len(payload) - len(payload) % 4])
-            for fd in arr:
-                os.close(fd)
-    return json.loads(data) if data else None
-
-
 class Wire:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -380,7 +369,7 @@ class Wire:
             try:
                 anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
                 self.sock.sendmsg([data], anc)
-                return _recv(self.sock)
+                return recv(self.sock)
             except (BrokenPipeError, ConnectionResetError):
                 self.close()   # the supervisor closed this connection: a fresh one, once
                 if attempt:

@@ -19,27 +19,10 @@ import termios
 
 import pytest
 
-from sechelpers import IDENTITIES, Identity, accepted, attack, check_limit, make_arena, reset_writable
+from sechelpers import IDENTITIES, accepted, attack, check_limit
 from svhelpers import wait_until
 
 LOADER = "/lib64/ld-linux-x86-64.so.2"
-
-
-@pytest.fixture(scope="module")
-def arena(module_lab):
-    yield from make_arena(module_lab)
-
-
-@pytest.fixture(params=IDENTITIES, ids=[i.name for i in IDENTITIES])
-def ident(request) -> Identity:
-    return request.param
-
-
-@pytest.fixture
-def fresh(arena, ident):
-    reset_writable(arena, ident)
-    yield arena
-    reset_writable(arena, ident)
 
 
 def _sysctl(name: str) -> str | None:
