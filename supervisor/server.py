@@ -562,7 +562,6 @@ class Supervisor:
             raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
         finally:
             protocol.close_all(fds)
-        os.sched_yield()  # on 2 cores, let the child run before we go on
         previous = self.sessions.get(pid)
         if previous is not None:
             # pids wrap: the last child with this pid was reaped in this same

@@ -8,6 +8,7 @@ pipe as "stage:errno:message"; EOF on that pipe means exec succeeded.
 from __future__ import annotations
 
 import os
+import _signal
 import signal
 from dataclasses import dataclass
 
@@ -15,7 +16,9 @@ import prctl
 
 import landlock
 
-ALL_SIGNALS = set(signal.Signals)
+# _signal's pthread_sigmask returns plain ints: signal's wraps each of up to
+# 64 in an enum, on every call, in the parent and in the child.
+ALL_SIGNALS = _signal.valid_signals()
 
 
 @dataclass
@@ -45,17 +48,17 @@ def spawn(launch: Launch, stdio: list[int], reset_signals: list[int], stat_fd: i
         raise OSError(0, "the supervisor has more than one thread: refusing to fork")
     parent = os.getpid()
     r, w = os.pipe2(os.O_CLOEXEC)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
+    old_mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
     try:
         pid = os.fork()
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(r)
         os.close(w)
         raise
     if pid == 0:
         _child(launch, stdio, reset_signals, w, parent)
-    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    _signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     os.close(w)
     return pid, r
 
@@ -97,7 +100,7 @@ def _child(launch: Launch, stdio: list[int], reset_signals: list[int], err_w: in
         stage = "confine"
         launch.confinement.restrict()
         stage = "exec"
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        _signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.execve(launch.program, launch.argv, launch.env)
     except OSError as e:
         message = f"{stage}:{e.errno or 0}:{e.strerror or e}"
