@@ -71,7 +71,7 @@ def _child(launch: Launch, stdio: list[int], reset_signals: list[int], err_w: in
         # set, SIGPIPE and SIGXFSZ) would survive exec: back to defaults.
         signal.set_wakeup_fd(-1)
         for sig in reset_signals:
-            signal.signal(sig, signal.SIG_DFL)
+            _signal.signal(sig, _signal.SIG_DFL)
         stage = "setsid"
         os.setsid()
         stage = "stdio"
