@@ -183,17 +183,7 @@ class Bench:
 
     def m_floor(self, target: str) -> Callable[[], tuple[int, int | None]]:
         argv = self.targets[target]
-        fa = self.fa_null
-
-        def run() -> tuple[int, int | None]:
-            t0 = now_ns()
-            pid = os.posix_spawn(argv[0], argv, ENV, file_actions=fa)
-            _, status = os.waitpid(pid, 0)
-            t1 = now_ns()
-            if status != 0:
-                raise RuntimeError(f"floor {target}: status {status}")
-            return t1 - t0, None
-        return run
+        return self._spawn_wait(f"floor {target}", argv[0], argv, ENV)
 
     def m_forkserver(self, target: str) -> Callable[[], tuple[int, int | None]]:
         client, dn = self.client, self.devnull

@@ -143,6 +143,15 @@ def op_stat(path):
 
 # ---- running things --------------------------------------------------------
 
+def _read_to_eof(r):
+    """All that comes through pipe end r; r is closed."""
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    return out
+
+
 def _spawn(argv, env=None):
     """posix_spawn argv (exec errors raise here), its stdout read to EOF."""
     r, w = os.pipe()
@@ -151,13 +160,7 @@ def _spawn(argv, env=None):
                              file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
     finally:
         os.close(w)
-    out = b""
-    while True:
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        out += chunk
-    os.close(r)
+    out = _read_to_eof(r)
     _, status = os.waitpid(pid, 0)
     return {"status": os.waitstatus_to_exitcode(status), "out": out.decode(errors="replace")}
 
@@ -182,13 +185,7 @@ def op_memfd_exec(src, *args):
             os.write(2, f"fexecve: {e}\n".encode())
             os._exit(200 + (e.errno or 0) % 50)
     os.close(w)
-    out = b""
-    while True:
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        out += chunk
-    os.close(r)
+    out = _read_to_eof(r)
     os.close(fd)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
