@@ -1,18 +1,33 @@
 """Landlock confinement for one process: Spec in, Report out.
 
-Knows nothing of the supervisor; the supervisor builds on it.
+Knows nothing of the supervisor; the supervisor builds on it. Names are
+imported on first use: a process that only enters prepared confinements
+(landlock.enter) stays free of the rest, which would slow its every fork.
 """
-from .enforce import (EXIT_EXEC_FAILED, EXIT_NOT_FOUND, EXIT_THREADS, EXIT_UNAVAILABLE,
-                      EXIT_USAGE, Confinement, NotSingleThreaded, apply, exec_confined, prepare)
-from .probe import Support, abi_version, available, probe
-from .report import Report
-from .rights import LATEST_ABI
-from .ruleset import LandlockUnavailable, Ruleset, build
-from .spec import Rlimit, Spec, SpecError, parse_limit
+import importlib
 
-__all__ = [
-    "Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",
-    "EXIT_USAGE", "LATEST_ABI", "LandlockUnavailable", "NotSingleThreaded", "Report", "Rlimit",
-    "Ruleset", "Spec", "SpecError", "Support", "abi_version", "apply", "available", "build",
-    "exec_confined", "parse_limit", "prepare", "probe",
-]
+_EXPORTS = {
+    "enforce": ("Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",
+                "EXIT_USAGE", "NotSingleThreaded", "apply", "exec_confined", "prepare"),
+    "support": ("Support", "abi_version", "available", "probe"),
+    "report": ("Report",),
+    "rights": ("LATEST_ABI",),
+    "ruleset": ("LandlockUnavailable", "Ruleset", "build"),
+    "spec": ("Rlimit", "Spec", "SpecError", "parse_limit"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    else:
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value

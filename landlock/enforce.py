@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 
 import prctl
 
-from . import privileges, rlimits, syscalls
-from .privileges import Credentials
+from . import enter, privileges, rlimits, syscalls
+from .enter import thread_count
 from .report import Report
 from .ruleset import LandlockUnavailable, Ruleset, build
 from .spec import Spec, SpecError
@@ -41,25 +41,10 @@ class NotSingleThreaded(RuntimeError):
     """landlock_restrict_self confines one thread: other threads stay free."""
 
 
-def thread_count(stat_fd: int | None = None) -> int:
-    """Threads of this process. Pass an fd of /proc/self/stat opened before
-    restrict_self: afterwards /proc may be out of reach."""
-    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC) if stat_fd is None else stat_fd
-    try:
-        data = os.pread(fd, 4096, 0)
-    finally:
-        if stat_fd is None:
-            os.close(fd)
-    # Fields after the parenthesised comm (which may hold spaces); num_threads is the 20th.
-    return int(data[data.rindex(b")") + 2:].split()[17])
-
-
 @dataclass
 class Confinement:
     ruleset: Ruleset
-    rlimit_plan: rlimits.Plan
-    credentials: Credentials | None
-    capability_drop: privileges.CapabilityDrop | None
+    entry: enter.Entry
     report: Report
 
     @functools.cached_property
@@ -68,16 +53,12 @@ class Confinement:
         return self.report.to_dict()
 
     def drop_privileges(self) -> None:
-        if self.credentials is not None:
-            privileges.switch_to(self.credentials)
-        elif self.capability_drop is not None:
-            self.capability_drop.apply()
+        enter.drop_privileges(self.entry)
 
     def restrict(self) -> None:
-        """rlimits (memory last), no_new_privs, then the Landlock domain."""
-        rlimits.apply(self.rlimit_plan)
-        prctl.set_no_new_privs(1)
-        self.ruleset.restrict_self()
+        """rlimits, no_new_privs, then the Landlock domain."""
+        enter.set_rlimits(self.entry)
+        enter.restrict(self.entry, self.ruleset.fd)
 
     def enter(self) -> None:
         self.drop_privileges()
@@ -103,7 +84,12 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
         report.uid, report.gid = creds.uid, creds.gid
     else:
         report.uid, report.gid = os.getuid(), os.getgid()
-    return Confinement(ruleset, plan, creds, privileges.capability_drop() if drop_caps else None, report)
+    entry = enter.Entry(
+        credentials=None if creds is None else (creds.uid, creds.gid, creds.groups),
+        drop_capabilities=privileges.bounding_set() if drop_caps else None,
+        lock_securebits=drop_caps and bool(prctl.cap_effective.setpcap),
+        rlimits=plan, restrict_flags=ruleset.restrict_flags)
+    return Confinement(ruleset, entry, report)
 
 
 def apply(spec: Spec) -> Report:

@@ -1,4 +1,4 @@
-"""Resource limits: planned (clamped) before fork, set after."""
+"""Resource limits: planned (clamped) before fork; enter.set_rlimits sets them."""
 from __future__ import annotations
 
 import resource
@@ -30,7 +30,3 @@ def plan(rlimits: Iterable[Rlimit], report: Report) -> Plan:
     report.rlimits_set = len(out)
     return tuple(out)
 
-
-def apply(p: Plan) -> None:
-    for res, soft, hard in p:
-        resource.setrlimit(res, (soft, hard))

@@ -7,7 +7,7 @@ import stat
 from dataclasses import dataclass, field
 
 from . import rights, syscalls
-from .probe import Support, probe
+from .support import Support, probe
 from .report import Report
 from .spec import LOG_FLAGS, Spec, SpecError
 

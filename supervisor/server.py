@@ -34,8 +34,6 @@ KEEP_CAPABILITIES = (prctl.CAP_CHOWN, prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ
                      prctl.CAP_SETPCAP)
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
-# Reset in every child: what we catch, and what Python ignores at start-up.
-RESET_SIGNALS = sorted({*CAUGHT_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ})
 
 
 @dataclass
@@ -123,6 +121,9 @@ class Supervisor:
         self.connections: dict[int, Connection] = {}
         self.sessions: dict[int, Session] = {}
         self.confinements: dict[landlock.Spec, landlock.Confinement] = {}
+        self.zygote = spawn.Zygote()
+        self.pooled: dict[str, landlock.Confinement] = {}  # manifest -> what the zygote's pool of it enters
+        self.retired: set[int] = set()   # pooled children sent away unused: reaped, not counted as orphans
         self.not_descendants: dict[tuple[int, str], bool] = {}  # (pid, starttime) of peers checked
         self.sweeping = False                                 # the request-deadline sweep is scheduled
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
@@ -130,7 +131,6 @@ class Supervisor:
         self.listener: socket.socket | None = None
         self.accept_paused = False       # out of fds: the listener is not watched for a moment
         self.owns_socket_path = False
-        self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
         self.manifests = self._load_manifests()
 
     # ---- start-up -------------------------------------------------------
@@ -236,6 +236,10 @@ class Supervisor:
         prctl.set_child_subreaper(1)
         if prctl.cap_effective.setpcap:
             landlock.privileges.limit_bounding_set(KEEP_CAPABILITIES)
+        try:
+            self.zygote.start()  # after the bounding set shrank: it inherits that
+        except OSError as e:
+            raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
         self._end_survivors()
         self._install_signals()
         if self.config.control_fd is not None:
@@ -287,6 +291,7 @@ class Supervisor:
             log(f"reload failed, keeping the {len(self.manifests)} manifest(s) in force: {e}")
             return
         self.manifests = new
+        self._drain_pools()
         for confinement in self.confinements.values():
             confinement.close()
         self.confinements.clear()
@@ -296,6 +301,8 @@ class Supervisor:
         if self.stopping:
             return
         self.stopping = True
+        self.zygote.close()  # its pooled children exit with it
+        self.pooled.clear()
         if self.listener is not None:
             if not self.accept_paused:
                 self.selector.unregister(self.listener)
@@ -590,8 +597,14 @@ class Supervisor:
         except OSError as e:  # out of fds or memory while building the ruleset
             raise protocol.ProtocolError(f"cannot prepare the sandbox: {e.strerror or e}", "spawn_failed") from None
         conn.deadline = None
+        m = self.manifests[request["manifest"]]
+        # A pool serves the manifest's own spec only, not a narrowed one.
+        pool = m.name if m.pool and self.confinements.get(m.spec) is launch.confinement else None
         try:
-            pid, errpipe = spawn.spawn(launch, stdio, RESET_SIGNALS, self.stat_fd)
+            if pool is not None and self.pooled.get(pool) is not launch.confinement:
+                self.retired.update(self.zygote.pool(pool, m.pool, launch))
+                self.pooled[pool] = launch.confinement
+            pid, errpipe = self.zygote.spawn(launch, stdio, pool)
         except OSError as e:
             raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
         finally:
@@ -603,7 +616,7 @@ class Supervisor:
             # it would take the new child's session with it when forgotten.
             self._on_errpipe(previous)
             self.sessions.pop(pid, None)
-        session = Session(pid, self.manifests[request["manifest"]], conn,
+        session = Session(pid, m, conn,
                           {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe)
         conn.session = session
         self.sessions[pid] = session
@@ -723,7 +736,7 @@ class Supervisor:
         for pid, status, rusage in reap.reap_all():
             session = self.sessions.get(pid)
             if session is None:
-                self.stats["reaped_orphans"] += 1
+                self._reaped_other(pid, status)
                 continue
             session.exited = reap.describe(status, rusage)
             # What is left of its process group goes with it. By the KILL, the
@@ -737,6 +750,25 @@ class Supervisor:
                 self._announce_exit(session)
             else:
                 self._forget(session)
+
+    def _reaped_other(self, pid: int, status: int) -> None:
+        if pid == self.zygote.pid:
+            self.zygote.lost()
+            self.pooled.clear()  # its pooled children got EOF: gone with it
+            if not self.stopping:
+                log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
+                    "another starts at the next spawn")
+        elif pid in self.retired:
+            self.retired.discard(pid)
+        else:
+            self.stats["reaped_orphans"] += 1
+
+    def _drain_pools(self) -> None:
+        try:
+            self.retired.update(self.zygote.drain())
+        except OSError as e:
+            log(f"draining the pools: {e}")
+        self.pooled.clear()
 
     def _announce_exit(self, session: Session) -> None:
         exited = session.exited

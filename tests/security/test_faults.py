@@ -201,8 +201,8 @@ def _wrapped_supervisor(lab: Any, prefix: list[str]) -> Supervisor:
 @pytest.mark.timeout(60)
 def test_fork_fails_under_nproc(lab):
     """fork() fails with EAGAIN once the supervisor's uid reaches its
-    RLIMIT_NPROC: a supervisor running as a dedicated uid with NPROC 4 (it
-    and three children). Root is exempt from NPROC whatever its
+    RLIMIT_NPROC: a supervisor running as a dedicated uid with NPROC 5 (it,
+    its zygote and three children). Root is exempt from NPROC whatever its
     capabilities, so this needs the unprivileged supervisor. The client gets
     fork_failed; the supervisor serves on, and spawns again once a child
     has gone."""
@@ -212,7 +212,7 @@ def test_fork_fails_under_nproc(lab):
         os.chown(d, SUPERVISOR_UID, SUPERVISOR_UID)
     uid = str(SUPERVISOR_UID)
     sv = _wrapped_supervisor(lab, ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                                        "prlimit", "--nproc=4:4", "--"])
+                                        "prlimit", "--nproc=5:5", "--"])
     sv.extra = ["--allow-uid", "0"]
     sv.start()
     assert run(sv.client, "sleep", ["0"]).code == 0
@@ -417,19 +417,18 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     client would never get `exited`, and spawned != exited). In process,
     with fork faked to hand out the same pid twice."""
     from supervisor import server
-    from supervisor import spawn as spawning
     lab.stock()
     supervisor = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)],
                                                  state_root=str(lab.state_root)))
     pid = 4_000_000  # above pid_max: nothing real gets signalled
     pipes = []
 
-    def fake_spawn(launch, stdio, reset, stat_fd):
+    def fake_spawn(launch, stdio, pool):
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(w)   # "exec'd": EOF waits on the error pipe
         pipes.append(r)
         return pid, r
-    monkeypatch.setattr(spawning, "spawn", fake_spawn)
+    monkeypatch.setattr(supervisor.zygote, "spawn", fake_spawn)
     sent = []
     monkeypatch.setattr(supervisor, "_send", lambda conn, message: sent.append((conn, message["event"])))
     socks = []
@@ -457,4 +456,3 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
             s.close()
         for c in supervisor.confinements.values():
             c.close()
-        os.close(supervisor.stat_fd)

@@ -1,0 +1,96 @@
+"""Entering a prepared confinement: the system calls made in the process to
+confine, between fork and exec.
+
+An `Entry` is plain data (ints and tuples), built by landlock.prepare() in a
+parent, so a process that only forks can receive one (by marshal) and run
+these steps without importing the rest of this package: every module a
+forking process holds makes each of its forks slower. Hence the imports here
+are the C modules and syscalls (ctypes) only.
+"""
+import collections
+import errno
+import os
+import resource
+
+import _prctl
+import prctl
+
+from . import syscalls
+
+# credentials: (uid, gid, groups) to switch to, or None to stay;
+# drop_capabilities: None, or the capabilities still in the bounding set,
+#   all of which go (then ambient, inheritable, permitted and effective);
+# lock_securebits: root stays powerless for good (needs CAP_SETPCAP);
+# rlimits: ((resource, soft, hard), ...), already clamped;
+# restrict_flags: landlock_restrict_self() flags.
+Entry = collections.namedtuple(
+    "Entry", "credentials drop_capabilities lock_securebits rlimits restrict_flags")
+
+# No fixups on uid changes, no caps for uid 0 on exec, and nobody (not even
+# this process) may unset that.
+SECUREBITS = (_prctl.SECBIT_NOROOT | _prctl.SECBIT_NOROOT_LOCKED
+              | _prctl.SECBIT_NO_SETUID_FIXUP | _prctl.SECBIT_NO_SETUID_FIXUP_LOCKED
+              | _prctl.SECBIT_KEEP_CAPS_LOCKED)
+_ALL_CAPS = list(prctl.ALL_CAPS)
+
+
+def thread_count(stat_fd: int | None = None) -> int:
+    """Threads of this process. Pass an fd of /proc/self/stat opened before
+    restrict_self: afterwards /proc may be out of reach."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC) if stat_fd is None else stat_fd
+    try:
+        data = os.pread(fd, 4096, 0)
+    finally:
+        if stat_fd is None:
+            os.close(fd)
+    # Fields after the parenthesised comm (which may hold spaces); num_threads is the 20th.
+    return int(data[data.rindex(b")") + 2:].split()[17])
+
+
+def switch_user(uid: int, gid: int, groups: tuple[int, ...]) -> None:
+    """setgroups, setgid, setuid; then verified, root's way back included."""
+    if os.geteuid() != 0 and (uid, gid) != (os.getuid(), os.getgid()):
+        raise PermissionError(errno.EPERM, "changing user needs root")
+    os.setgroups(list(groups))
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3:
+        raise PermissionError(errno.EPERM, "uid/gid change did not take")
+    if uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            return
+        raise PermissionError(errno.EPERM, "uid drop is reversible")
+
+
+def drop_capabilities(bounding: tuple[int, ...], lock_securebits: bool) -> None:
+    """Each bounding-set drop commits new credentials (~5 us in the kernel):
+    only the capabilities still there are dropped."""
+    for cap in bounding:
+        _prctl.prctl(_prctl.PR_CAPBSET_DROP, cap)
+    if lock_securebits:
+        _prctl.prctl(_prctl.PR_SET_SECUREBITS, SECUREBITS)
+    syscalls.clear_ambient_capabilities()
+    # set_caps(effective_on, permitted_on, inheritable_on, effective_off, permitted_off, inheritable_off)
+    _prctl.set_caps([], [], [], _ALL_CAPS, _ALL_CAPS, _ALL_CAPS)
+
+
+def drop_privileges(entry: Entry) -> None:
+    if entry.credentials is not None:
+        switch_user(*entry.credentials)
+    elif entry.drop_capabilities is not None:
+        drop_capabilities(entry.drop_capabilities, entry.lock_securebits)
+
+
+def restrict(entry: Entry, ruleset_fd: int) -> None:
+    """no_new_privs, then the Landlock domain (none when ruleset_fd is -1)."""
+    prctl.set_no_new_privs(1)
+    if ruleset_fd >= 0:
+        syscalls.restrict_self(ruleset_fd, entry.restrict_flags)
+
+
+def set_rlimits(entry: Entry) -> None:
+    """Last before exec: a memory limit can break the Python that sets it."""
+    for res, soft, hard in entry.rlimits:
+        resource.setrlimit(res, (soft, hard))

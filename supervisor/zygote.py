@@ -1,0 +1,306 @@
+"""The zygote: the supervisor's forking half, a small process that only forks.
+
+The supervisor never forks: a fork write-protects every page of the forking
+process, and the supervisor's Python work after each fork then takes a
+copy-on-write fault on every page it writes (~400 a spawn, ~2 us each).
+Here the forking process is a fresh interpreter holding only what the child
+needs (C modules, prctl and landlock.enter), so each fork copies few page
+tables, each child has little to tear down at exec, and the supervisor's
+pages stay its own.
+
+Children are made by clone(CLONE_PARENT): they are the supervisor's, exactly
+as if it had forked them. It reaps them, it is their PDEATHSIG parent, and
+their orphans come back to it as subreaper. The zygote has no children.
+
+A pool of pre-forked children per manifest takes the fork off the request
+path: each one confines itself (privileges, PDEATHSIG, no_new_privs, the
+Landlock domain) and waits, signals blocked, for its argv, environment and
+stdio; then rlimits and exec. Each is used once. EOF instead: it exits.
+
+The channel is fd 3, a SOCK_SEQPACKET socket to the supervisor, which
+starts this module with `-I -S` and its import paths as arguments (see
+spawn.Zygote). Messages are marshal'd tuples:
+  ("spawn", pool, launch) + [stdin, stdout, stderr(, ruleset)]
+      -> ("forked", pid) + [error pipe] | ("fork_failed", errno, message)
+  ("pool", name, size, launch) + [(ruleset)]  -> ("retired", [pid, ...])
+  ("drain",)                                   -> ("retired", [pid, ...])
+launch: (program, argv, env, cwd, umask, entry); a pool's has argv and env
+None. EOF: the zygote exits, and its pooled children with it.
+"""
+import array
+import ctypes
+import marshal
+import os
+import select
+import socket
+import _signal
+
+import prctl
+
+from landlock import enter
+
+CHANNEL_FD = 3
+MAX_MESSAGE = 256 * 1024
+_FDS_SPACE = socket.CMSG_SPACE(8 * 4)
+ALL_SIGNALS = _signal.valid_signals()
+
+# clone(CLONE_PARENT | SIGCHLD, no new stack, no tids, no tls): the argument
+# order differs between architectures only where the zeros are.
+_CLONE_NR = {"x86_64": 56, "aarch64": 220, "riscv64": 220, "ppc64le": 120, "armv7l": 120, "i686": 120}
+_CLONE_PARENT = 0x00008000
+_SIGCHLD = 17
+_RT_SIGACTION_NR = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "armv7l": 174, "i686": 174}
+# PyDLL: the call keeps the GIL, so the child comes back holding it, as after os.fork.
+_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+
+
+def _fork_for_parent() -> int:
+    """fork(), the child being our parent's. No Python at-fork hooks run: the
+    zygote is single-threaded and imports nothing that registers one."""
+    pid = _syscall(ctypes.c_long(_CLONE_NR[os.uname().machine]),
+                   ctypes.c_ulong(_CLONE_PARENT | _SIGCHLD), None, None, None, None)
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
+def _default_internal_signals() -> None:
+    """glibc's posix_spawn (how the supervisor starts us) leaves its internal
+    signals SIGCANCEL and SIGSETXID (32, 33) ignored in the new program, and
+    an ignored signal stays ignored across exec: every child would inherit
+    it. glibc's sigaction refuses those two: the raw system call."""
+    default = (ctypes.c_ulong * 4)()  # struct sigaction with sa_handler = SIG_DFL
+    for sig in (32, 33):
+        if _syscall(ctypes.c_long(_RT_SIGACTION_NR[os.uname().machine]), ctypes.c_long(sig),
+                    ctypes.byref(default), None, ctypes.c_size_t(8)) < 0:
+            raise OSError(ctypes.get_errno(), f"rt_sigaction({sig})")
+
+
+def _received_fds(ancillary: list, flags: int) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
+    if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+        for fd in fds:
+            os.close(fd)
+        raise OSError(0, "a truncated message")
+    return fds
+
+
+def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int,
+           supervisor: int, reset: list[int]) -> None:
+    """Confine, (if pooled: wait for the request,) exec. Leaves by exec or
+    os._exit; a failure goes back as "stage:errno:message" on err_w."""
+    program, argv, env, cwd, umask, entry = launch
+    entry = enter.Entry(*entry)
+    stage = "signals"
+    try:
+        for sig in reset:
+            _signal.signal(sig, _signal.SIG_DFL)
+        stage = "setsid"
+        os.setsid()
+        if stdio is not None:
+            stage = "stdio"
+            # Received fds are > 2 (fds 0-2 are always open here): no clobbering.
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+        stage = "close_fds"
+        low = 3
+        for fd in sorted(fd for fd in (err_w, ruleset_fd, handover) if fd >= 0):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 0x7FFFFFFF)
+        stage = "privileges"
+        enter.drop_privileges(entry)
+        stage = "chdir"  # as the server's user: a directory it could not enter is an error
+        os.chdir(cwd)
+        os.umask(umask)
+        stage = "pdeathsig"
+        # Armed after the uid change, which clears it; then re-check that the
+        # supervisor did not die before it was armed.
+        prctl.set_pdeathsig(_signal.SIGKILL)
+        if os.getppid() != supervisor:
+            os._exit(1)
+        stage = "confine"
+        enter.restrict(entry, ruleset_fd)
+        if handover >= 0:
+            if ruleset_fd >= 0:
+                os.close(ruleset_fd)
+            stage = "wait"
+            data, ancillary, flags, _ = socket.socket(fileno=handover).recvmsg(
+                MAX_MESSAGE, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+            if not data:
+                os._exit(0)  # drained unused
+            fds = _received_fds(ancillary, flags)
+            if len(fds) != 3:
+                raise OSError(0, f"expected 3 stdio fds, got {len(fds)}")
+            argv, env = marshal.loads(data)
+            stage = "stdio"
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+        stage = "rlimits"
+        enter.set_rlimits(entry)
+        stage = "exec"
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        os.execve(program, argv, env)
+    except OSError as e:
+        message = f"{stage}:{e.errno or 0}:{e.strerror or e}"
+    except BaseException as e:  # never let the zygote's loop run on in a child
+        message = f"{stage}:0:{type(e).__name__}: {e}"
+    try:
+        os.write(err_w, message.encode(errors="replace")[:4096])
+    finally:
+        os._exit(127)
+
+
+class Pool:
+    def __init__(self, size: int, launch: tuple, ruleset_fd: int) -> None:
+        self.size, self.launch, self.ruleset_fd = size, launch, ruleset_fd
+        self.idle: list[tuple[int, int, socket.socket]] = []  # (pid, error pipe, hand-over socket)
+
+    def retire(self) -> list[int]:
+        """Close every idle child's hand-over socket: each exits at the EOF."""
+        pids = []
+        for pid, errpipe, handover in self.idle:
+            os.close(errpipe)
+            handover.close()
+            pids.append(pid)
+        self.idle.clear()
+        if self.ruleset_fd >= 0:
+            os.close(self.ruleset_fd)
+            self.ruleset_fd = -1
+        return pids
+
+
+class Zygote:
+    def __init__(self, channel: socket.socket, supervisor: int, reset: list[int]) -> None:
+        self.channel = channel
+        self.supervisor = supervisor
+        self.reset = reset
+        self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        self.pools: dict[str, Pool] = {}
+
+    def serve(self) -> None:
+        self._send(("ready", os.getpid()))
+        while True:
+            self._handle()
+            # Refill between requests, a request first whenever one waits.
+            for pool in list(self.pools.values()):
+                while len(pool.idle) < pool.size and not select.select([self.channel], [], [], 0)[0]:
+                    if not self._prefork(pool):
+                        break
+
+    def _handle(self) -> None:
+        data, ancillary, flags, _ = self.channel.recvmsg(MAX_MESSAGE, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+        if not data:
+            for pool in self.pools.values():
+                pool.retire()
+            os._exit(0)  # the supervisor is gone or done with us
+        fds = _received_fds(ancillary, flags)
+        message = marshal.loads(data)
+        if message[0] == "spawn":
+            self._spawn(message[1], message[2], fds)
+        elif message[0] == "pool":
+            _, name, size, launch = message
+            old = self.pools.pop(name, None)
+            retired = old.retire() if old else []
+            if size > 0:
+                self.pools[name] = Pool(size, launch, fds[0] if fds else -1)
+            else:
+                for fd in fds:
+                    os.close(fd)
+            self._send(("retired", retired))
+        elif message[0] == "drain":
+            retired = [pid for pool in self.pools.values() for pid in pool.retire()]
+            self.pools.clear()
+            self._send(("retired", retired))
+
+    def _spawn(self, pool_name: str | None, launch: tuple, fds: list[int]) -> None:
+        try:
+            stdio, ruleset_fd = fds[:3], (fds[3] if len(fds) > 3 else -1)
+            pool = self.pools.get(pool_name) if pool_name is not None else None
+            while pool is not None and pool.idle:
+                pid, errpipe, handover = pool.idle.pop()
+                try:
+                    handover.sendmsg([marshal.dumps((launch[1], launch[2]))],
+                                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+                except OSError:
+                    # Died before its use: one that dies young will die again.
+                    # Without the pool, each spawn reports why, in its own child.
+                    os.close(errpipe)
+                    handover.close()
+                    self.pools.pop(pool_name).retire()
+                    pool = None
+                    os.write(2, f"landlock-supervisor zygote: pooled children of {pool_name!r} die "
+                                "before use: no pool for it\n".encode(errors="replace"))
+                    break
+                handover.close()
+                self._send(("forked", pid), [errpipe])
+                os.close(errpipe)
+                return
+            try:
+                pid, errpipe = self._fork(launch, stdio, ruleset_fd, -1)
+            except OSError as e:
+                self._send(("fork_failed", e.errno or 0, e.strerror or str(e)))
+                return
+            self._send(("forked", pid), [errpipe])
+            os.close(errpipe)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _prefork(self, pool: Pool) -> bool:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno())
+        except OSError as e:
+            ours.close()
+            os.write(2, f"landlock-supervisor zygote: pre-fork failed: {e}\n".encode(errors="replace"))
+            return False
+        finally:
+            theirs.close()
+        pool.idle.append((pid, errpipe, ours))
+        return True
+
+    def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int) -> tuple[int, int]:
+        if enter.thread_count(self.stat_fd) != 1:
+            raise OSError(0, "the zygote has more than one thread: refusing to fork")
+        r, w = os.pipe2(os.O_CLOEXEC)
+        # Blocked across fork: no handler runs in the child, which unblocks
+        # them only at exec, after resetting the ones we changed.
+        old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ALL_SIGNALS)
+        try:
+            pid = _fork_for_parent()
+        except BaseException:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+            os.close(r)
+            os.close(w)
+            raise
+        if pid == 0:
+            _child(launch, stdio, ruleset_fd, w, handover, self.supervisor, self.reset)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+        os.close(w)
+        return pid, r
+
+    def _send(self, message: tuple, fds: list[int] = ()) -> None:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        self.channel.sendmsg([marshal.dumps(message)], ancillary)
+
+
+def main() -> None:
+    supervisor = os.getppid()
+    prctl.set_pdeathsig(_signal.SIGKILL)
+    if os.getppid() != supervisor:
+        os._exit(1)
+    _default_internal_signals()
+    # It ends at EOF from the supervisor, or with it (PDEATHSIG): a stop
+    # signal meant for the supervisor's children is not for the zygote.
+    for sig in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM):
+        _signal.signal(sig, _signal.SIG_IGN)
+    # What a child must put back to the default: what was set here, and
+    # what Python ignores (SIGPIPE, SIGXFSZ).
+    reset = [sig for sig in sorted(ALL_SIGNALS) if _signal.getsignal(sig) not in (_signal.SIG_DFL, None)]
+    Zygote(socket.socket(fileno=CHANNEL_FD), supervisor, reset).serve()
