@@ -129,7 +129,7 @@ class Bench:
     def write_manifests(self) -> None:
         for name, argv in self.targets.items():
             manifest = {"name": name, "command": argv[0], "args": argv[1:], "cwd": str(self.rw),
-                        "env": ENV, **USER, "umask": "077", "sandbox": self.sandbox()}
+                        "env": ENV, **USER, "umask": "077", "pool": self.args.pool, "sandbox": self.sandbox()}
             # JSON is YAML.
             (self.mdir / f"{name}.yaml").write_text(json.dumps(manifest, indent=1))
         self.mcp: list[dict[str, Any]] = []
@@ -719,7 +719,8 @@ def print_table(bench: Bench) -> None:
     w(f"Spawn latency: request -> exit status known, ms  ({mach['cpus']} CPUs, "
       f"Linux {mach['kernel']}, Landlock ABI {mach.get('landlock_abi')}, Python {mach['python']}, "
       f"{'--quick' if bench.quick else 'full'} run, {mach.get('sched')}, nice {mach.get('nice')}, load average "
-      f"{' '.join(mach.get('loadavg_start', []))} at the start, {' '.join(mach.get('loadavg_end', []))} at the end)")
+      f"{' '.join(mach.get('loadavg_start', []))} at the start, {' '.join(mach.get('loadavg_end', []))} at the end; "
+      f"benchmark manifests with pool: {bench.args.pool})")
     if float(mach.get("loadavg_end", ["0"])[0]) > 0.5 * (mach["cpus"] or 1):
         w("  note: the machine was busy with other work" + (
             " (this run was SCHED_FIFO, ahead of it, but it still shares caches and memory bandwidth)"
@@ -875,6 +876,8 @@ def main() -> int:
                    help="comma-separated subset of latency,big,throughput,rss,mcp")
     p.add_argument("--pypi-venv", default=PYPI_VENV, help="a venv with the PyPI landlock package")
     p.add_argument("--servers-dir", default=str(REPO / ".servers"), help="scripts/install-servers' directory")
+    p.add_argument("--pool", type=int, default=4, help="the benchmark manifests' pool: children the zygote "
+                   "keeps forked and confined (0: each spawn forks)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--no-peers", action="store_true", help="skip landlock-exec, bubblewrap and the PyPI wrapper")
     p.add_argument("--rt", action="store_true", help="run everything (supervisor, children, peers) as SCHED_FIFO "

@@ -121,9 +121,7 @@ class Supervisor:
         self.connections: dict[int, Connection] = {}
         self.sessions: dict[int, Session] = {}
         self.confinements: dict[landlock.Spec, landlock.Confinement] = {}
-        self.zygote = spawn.Zygote()
-        self.pooled: dict[str, landlock.Confinement] = {}  # manifest -> what the zygote's pool of it enters
-        self.retired: set[int] = set()   # pooled children sent away unused: reaped, not counted as orphans
+        self.zygote = spawn.Zygote(self.selector)
         self.not_descendants: dict[tuple[int, str], bool] = {}  # (pid, starttime) of peers checked
         self.sweeping = False                                 # the request-deadline sweep is scheduled
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
@@ -291,7 +289,7 @@ class Supervisor:
             log(f"reload failed, keeping the {len(self.manifests)} manifest(s) in force: {e}")
             return
         self.manifests = new
-        self._drain_pools()
+        self.zygote.drain()
         for confinement in self.confinements.values():
             confinement.close()
         self.confinements.clear()
@@ -301,8 +299,7 @@ class Supervisor:
         if self.stopping:
             return
         self.stopping = True
-        self.zygote.close()  # its pooled children exit with it
-        self.pooled.clear()
+        self.zygote.close()  # the pooled children exit with it
         if self.listener is not None:
             if not self.accept_paused:
                 self.selector.unregister(self.listener)
@@ -531,6 +528,8 @@ class Supervisor:
                 for s in self.sessions.values()]})
         elif op == "stats":
             self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
+                              "zygote": self.zygote.pid if self.zygote.channel else None,
+                              "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
                               "connections": len(self.connections), "fds": _fd_count(),
                               "rss_kib": _rss_kib()})
         elif op in ("signal", "status"):
@@ -598,13 +597,11 @@ class Supervisor:
             raise protocol.ProtocolError(f"cannot prepare the sandbox: {e.strerror or e}", "spawn_failed") from None
         conn.deadline = None
         m = self.manifests[request["manifest"]]
-        # A pool serves the manifest's own spec only, not a narrowed one.
-        pool = m.name if m.pool and self.confinements.get(m.spec) is launch.confinement else None
         try:
-            if pool is not None and self.pooled.get(pool) is not launch.confinement:
-                self.retired.update(self.zygote.pool(pool, m.pool, launch))
-                self.pooled[pool] = launch.confinement
-            pid, errpipe = self.zygote.spawn(launch, stdio, pool)
+            # A pool serves the manifest's own spec only, not a narrowed one.
+            pooled = (self.zygote.take(m.name, m.pool, launch, stdio)
+                      if m.pool and self.confinements.get(m.spec) is launch.confinement else None)
+            pid, errpipe = pooled or self.zygote.spawn(launch, stdio)
         except OSError as e:
             raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
         finally:
@@ -618,6 +615,8 @@ class Supervisor:
             self.sessions.pop(pid, None)
         session = Session(pid, m, conn,
                           {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe)
+        # Now, while the child execs on the other CPU; a failed one is forgotten with its record.
+        session.record = self._record(pid)
         conn.session = session
         self.sessions[pid] = session
         self.selector.register(errpipe, selectors.EVENT_READ, lambda key: self._on_errpipe(session))
@@ -700,7 +699,6 @@ class Supervisor:
             return
         self.stats["spawned"] += 1
         session.spawned = True
-        session.record = self._record(session.pid)
         self._send(session.conn, {"event": "spawned", "pid": session.pid, "pgid": session.pid,
                                   "manifest": session.manifest.name, "report": session.report})
         if session.exited is not None:
@@ -754,21 +752,11 @@ class Supervisor:
     def _reaped_other(self, pid: int, status: int) -> None:
         if pid == self.zygote.pid:
             self.zygote.lost()
-            self.pooled.clear()  # its pooled children got EOF: gone with it
             if not self.stopping:
                 log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
                     "another starts at the next spawn")
-        elif pid in self.retired:
-            self.retired.discard(pid)
-        else:
+        elif not self.zygote.reaped(pid):
             self.stats["reaped_orphans"] += 1
-
-    def _drain_pools(self) -> None:
-        try:
-            self.retired.update(self.zygote.drain())
-        except OSError as e:
-            log(f"draining the pools: {e}")
-        self.pooled.clear()
 
     def _announce_exit(self, session: Session) -> None:
         exited = session.exited

@@ -9,10 +9,14 @@ os._exit. A failure travels back over a close-on-exec pipe as
 from __future__ import annotations
 
 import array
+import itertools
 import marshal
 import os
+import select
+import selectors
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 import _prctl
@@ -53,14 +57,34 @@ def read_error(data: bytes) -> SpawnError:
     return SpawnError(stage, int(number) if number.isdigit() else 0, message)
 
 
-class Zygote:
-    """The supervisor's handle on its zygote: one request at a time, each
-    answered before the next (a fork takes well under a millisecond), so a
-    child's pid is known before its SIGCHLD can be handled."""
+@dataclass
+class Pooled:
+    """A child the zygote forked ahead, confined, waiting for its request."""
+    pid: int
+    errpipe: int
+    handover: socket.socket
 
-    def __init__(self) -> None:
+    def close(self) -> None:
+        """At EOF on its hand-over socket the child exits unused."""
+        os.close(self.errpipe)
+        self.handover.close()
+
+
+class Zygote:
+    """The supervisor's handle on its zygote and on the pooled children it
+    forked. A spawn without a pool is one request answered before the next
+    (a fork takes well under a millisecond), so a child's pid is known
+    before its SIGCHLD can be handled; pooled children arrive on their own
+    and are handed their request by the supervisor, the zygote not involved."""
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        self.selector = selector
         self.pid: int | None = None
         self.channel: socket.socket | None = None
+        self.generations = itertools.count(1)
+        self.pools: dict[str, tuple[int, landlock.Confinement]] = {}   # name -> (generation, what it enters)
+        self.ready: dict[str, list[Pooled]] = {}
+        self.retired: set[int] = set()  # sent away unused: reaped, not orphans
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -77,69 +101,164 @@ class Zygote:
         finally:
             theirs.close()
         self.channel = ours
-        ours.settimeout(_REPLY_TIMEOUT)
-        reply, _ = self._receive()
+        self.selector.register(ours, selectors.EVENT_READ, lambda key: self.receive())
+        reply = self._reply()
         if reply[0] != "ready":
             raise OSError(0, f"the zygote said {reply!r} at start")
 
-    def spawn(self, launch: Launch, stdio: list[int], pool: str | None) -> tuple[int, int]:
-        """Fork a child for launch (taken from `pool` if it has one ready);
-        returns (pid, read end of its error pipe). Raises OSError when the
-        fork fails (EAGAIN, ENOMEM) or the zygote is gone twice."""
+    def spawn(self, launch: Launch, stdio: list[int]) -> tuple[int, int]:
+        """Fork a child for launch; returns (pid, read end of its error pipe).
+        Raises OSError when the fork fails (EAGAIN, ENOMEM) or the zygote is
+        gone twice."""
         fds = stdio + ([launch.confinement.ruleset.fd] if launch.confinement.ruleset.fd >= 0 else [])
-        reply, received = self._request(("spawn", pool, launch.message()), fds)
-        if reply[0] == "forked" and len(received) == 1:
-            return reply[1], received[0]
-        for fd in received:
-            os.close(fd)
-        if reply[0] == "fork_failed":
-            raise OSError(reply[1], reply[2])
-        raise OSError(0, f"the zygote said {reply!r}")
-
-    def pool(self, name: str, size: int, launch: Launch) -> list[int]:
-        """Keep `size` children of this launch ready (0: none); returns the
-        pids of the children of its previous pool, which exit unused."""
-        fd = launch.confinement.ruleset.fd
-        reply, _ = self._request(("pool", name, size, launch.message(pooled=True)), [fd] if fd >= 0 else [])
-        return reply[1]
-
-    def drain(self) -> list[int]:
-        """Every pool emptied (a reload); returns the pids that exit unused."""
-        if self.channel is None:
-            return []
-        reply, _ = self._request(("drain",), [])
-        return reply[1]
-
-    def _request(self, message: tuple, fds: list[int]) -> tuple[tuple, list[int]]:
         for attempt in (1, 2):
             try:
                 if self.channel is None:
                     self.start()
-                self.channel.sendmsg([marshal.dumps(message)],
-                                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
-                return self._receive()
+                self._send(("spawn", launch.message()), fds)
+                reply = self._reply()
+                break
             except (OSError, EOFError) as e:
                 self.lost()
                 if attempt == 2:
                     raise OSError(getattr(e, "errno", 0) or 0, f"the zygote is gone: {e}") from None
-        raise AssertionError("unreachable")
+        if reply[0] == "forked":
+            return reply[1], reply[2]
+        if reply[0] == "fork_failed":
+            raise OSError(reply[1], reply[2])
+        raise OSError(0, f"the zygote said {reply!r}")
 
-    def _receive(self) -> tuple[tuple, list[int]]:
-        data, ancillary, flags, _ = self.channel.recvmsg(4096, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+    def take(self, name: str, size: int, launch: Launch, stdio: list[int]) -> tuple[int, int] | None:
+        """Hand the request to a pooled child of manifest `name`; returns
+        (pid, error pipe), or None when none is ready (the pool is set up,
+        or replaced when its confinement changed, for the next spawns)."""
+        generation, confinement = self.pools.get(name, (0, None))
+        if confinement is not launch.confinement:
+            self._pool(name, size, launch)
+            return None
+        self.receive()
+        children = self.ready.get(name, [])
+        while children:
+            child = children.pop()
+            try:
+                child.handover.sendmsg([marshal.dumps((launch.argv, launch.env))],
+                                       [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+            except OSError:
+                # Died before its use (a child that dies young does so again:
+                # no refill for it; the fresh spawn reports why).
+                self.retired.add(child.pid)
+                child.close()
+                continue
+            child.handover.close()
+            try:
+                self._send(("refill", name, generation), [])
+            except OSError:
+                self.lost()
+            return child.pid, child.errpipe
+        return None
+
+    def _pool(self, name: str, size: int, launch: Launch) -> None:
+        self._retire(name)
+        generation = next(self.generations)
+        fd = launch.confinement.ruleset.fd
+        try:
+            if self.channel is None:
+                self.start()
+            self._send(("pool", name, generation, size, launch.message(pooled=True)), [fd] if fd >= 0 else [])
+        except (OSError, EOFError):
+            self.lost()
+            return
+        self.pools[name] = (generation, launch.confinement)
+
+    def _retire(self, name: str) -> None:
+        for child in self.ready.pop(name, []):
+            self.retired.add(child.pid)
+            child.close()
+        self.pools.pop(name, None)
+
+    def drain(self) -> None:
+        """Every pool emptied and stopped (a reload)."""
+        for name in list(self.pools):
+            self._retire(name)
+            if self.channel is not None:
+                try:
+                    self._send(("pool", name, 0, 0, None), [])
+                except OSError:
+                    self.lost()
+
+    def reaped(self, pid: int) -> bool:
+        """Whether a reaped pid was a pooled child (or one sent away)."""
+        if pid in self.retired:
+            self.retired.discard(pid)
+            return True
+        for children in self.ready.values():
+            for child in children:
+                if child.pid == pid:
+                    children.remove(child)
+                    child.close()
+                    return True
+        return False
+
+    def receive(self) -> None:
+        """Take in the pooled children that arrived (the channel is readable)."""
+        while self.channel is not None:
+            try:
+                message = self._read(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except (OSError, EOFError):
+                self.lost()
+                return
+            if message[0] != "pooled":
+                raise OSError(0, f"the zygote said {message!r} out of turn")
+
+    def _reply(self) -> tuple:
+        """The answer to the request just sent; pooled children that come first are kept."""
+        deadline = time.monotonic() + _REPLY_TIMEOUT
+        while True:
+            if not select.select([self.channel], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError("the zygote did not answer")
+            message = self._read(0)
+            if message[0] != "pooled":
+                return message
+
+    def _read(self, flags: int) -> tuple:
+        data, ancillary, _, _ = self.channel.recvmsg(4096, socket.CMSG_SPACE(2 * 4), socket.MSG_CMSG_CLOEXEC | flags)
         fds = [fd for level, kind, payload in ancillary
                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
                for fd in array.array("i", payload[:len(payload) - len(payload) % 4])]
         if not data:
             raise EOFError("EOF from the zygote")
-        return marshal.loads(data), fds
+        message = marshal.loads(data)
+        if message[0] == "pooled":
+            _, name, generation, pid = message
+            if self.pools.get(name, (None,))[0] == generation and len(fds) == 2:
+                self.ready.setdefault(name, []).append(Pooled(pid, fds[0], socket.socket(fileno=fds[1])))
+            else:  # of a pool since replaced
+                self.retired.add(pid)
+                for fd in fds:
+                    os.close(fd)
+        elif message[0] == "forked" and len(fds) == 1:
+            message = (*message, fds[0])
+        else:
+            for fd in fds:
+                os.close(fd)
+        return message
+
+    def _send(self, message: tuple, fds: list[int]) -> None:
+        self.channel.sendmsg([marshal.dumps(message)],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
 
     def lost(self) -> None:
-        """The zygote died (or the channel broke): the next request starts another."""
+        """The zygote died (or the channel broke): its pooled children go,
+        and the next spawn starts another zygote."""
+        for name in list(self.pools):
+            self._retire(name)
         if self.channel is not None:
+            self.selector.unregister(self.channel)
             self.channel.close()
             self.channel = None
 
     def close(self) -> None:
-        """At EOF the zygote exits, and its pooled children at theirs."""
+        """At EOF the zygote exits; the pooled children at theirs."""
         self.lost()
-

@@ -20,12 +20,16 @@ stdio; then rlimits and exec. Each is used once. EOF instead: it exits.
 The channel is fd 3, a SOCK_SEQPACKET socket to the supervisor, which
 starts this module with `-I -S` and its import paths as arguments (see
 spawn.Zygote). Messages are marshal'd tuples:
-  ("spawn", pool, launch) + [stdin, stdout, stderr(, ruleset)]
+  ("spawn", launch) + [stdin, stdout, stderr(, ruleset)]
       -> ("forked", pid) + [error pipe] | ("fork_failed", errno, message)
-  ("pool", name, size, launch) + [(ruleset)]  -> ("retired", [pid, ...])
-  ("drain",)                                   -> ("retired", [pid, ...])
+  ("pool", name, generation, size, launch) + [(ruleset)]: keep forking
+      children for it (size 0: stop); each one, when forked,
+      -> ("pooled", name, generation, pid) + [error pipe, hand-over socket]
+  ("refill", name, generation): one was used, fork another.
+The supervisor hands a pooled child its request itself (spawn.Zygote.take):
+(argv, env) marshal'd + [stdin, stdout, stderr] on the hand-over socket.
 launch: (program, argv, env, cwd, umask, entry); a pool's has argv and env
-None. EOF: the zygote exits, and its pooled children with it.
+None. EOF: the zygote exits.
 """
 import array
 import ctypes
@@ -157,22 +161,13 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
 
 
 class Pool:
-    def __init__(self, size: int, launch: tuple, ruleset_fd: int) -> None:
-        self.size, self.launch, self.ruleset_fd = size, launch, ruleset_fd
-        self.idle: list[tuple[int, int, socket.socket]] = []  # (pid, error pipe, hand-over socket)
+    def __init__(self, generation: int, size: int, launch: tuple, ruleset_fd: int) -> None:
+        self.generation, self.launch, self.ruleset_fd = generation, launch, ruleset_fd
+        self.wanted = size   # children to fork for it
 
-    def retire(self) -> list[int]:
-        """Close every idle child's hand-over socket: each exits at the EOF."""
-        pids = []
-        for pid, errpipe, handover in self.idle:
-            os.close(errpipe)
-            handover.close()
-            pids.append(pid)
-        self.idle.clear()
+    def close(self) -> None:
         if self.ruleset_fd >= 0:
             os.close(self.ruleset_fd)
-            self.ruleset_fd = -1
-        return pids
 
 
 class Zygote:
@@ -187,83 +182,65 @@ class Zygote:
         self._send(("ready", os.getpid()))
         while True:
             self._handle()
-            # Refill between requests, a request first whenever one waits.
-            for pool in list(self.pools.values()):
-                while len(pool.idle) < pool.size and not select.select([self.channel], [], [], 0)[0]:
-                    if not self._prefork(pool):
-                        break
+            # Pre-fork between requests, a request first whenever one waits.
+            for name, pool in list(self.pools.items()):
+                while pool.wanted > 0 and not select.select([self.channel], [], [], 0)[0]:
+                    pool.wanted -= 1
+                    self._prefork(name, pool)
 
     def _handle(self) -> None:
-        data, ancillary, flags, _ = self.channel.recvmsg(MAX_MESSAGE, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+        try:
+            data, ancillary, flags, _ = self.channel.recvmsg(MAX_MESSAGE, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+        except ConnectionError:
+            data = b""
         if not data:
-            for pool in self.pools.values():
-                pool.retire()
             os._exit(0)  # the supervisor is gone or done with us
         fds = _received_fds(ancillary, flags)
         message = marshal.loads(data)
         if message[0] == "spawn":
-            self._spawn(message[1], message[2], fds)
+            self._spawn(message[1], fds)
         elif message[0] == "pool":
-            _, name, size, launch = message
+            _, name, generation, size, launch = message
             old = self.pools.pop(name, None)
-            retired = old.retire() if old else []
+            if old is not None:
+                old.close()
             if size > 0:
-                self.pools[name] = Pool(size, launch, fds[0] if fds else -1)
+                self.pools[name] = Pool(generation, size, launch, fds[0] if fds else -1)
             else:
                 for fd in fds:
                     os.close(fd)
-            self._send(("retired", retired))
-        elif message[0] == "drain":
-            retired = [pid for pool in self.pools.values() for pid in pool.retire()]
-            self.pools.clear()
-            self._send(("retired", retired))
+        elif message[0] == "refill":
+            pool = self.pools.get(message[1])
+            if pool is not None and pool.generation == message[2]:
+                pool.wanted += 1
 
-    def _spawn(self, pool_name: str | None, launch: tuple, fds: list[int]) -> None:
+    def _spawn(self, launch: tuple, fds: list[int]) -> None:
         try:
-            stdio, ruleset_fd = fds[:3], (fds[3] if len(fds) > 3 else -1)
-            pool = self.pools.get(pool_name) if pool_name is not None else None
-            while pool is not None and pool.idle:
-                pid, errpipe, handover = pool.idle.pop()
-                try:
-                    handover.sendmsg([marshal.dumps((launch[1], launch[2]))],
-                                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
-                except OSError:
-                    # Died before its use: one that dies young will die again.
-                    # Without the pool, each spawn reports why, in its own child.
-                    os.close(errpipe)
-                    handover.close()
-                    self.pools.pop(pool_name).retire()
-                    pool = None
-                    os.write(2, f"landlock-supervisor zygote: pooled children of {pool_name!r} die "
-                                "before use: no pool for it\n".encode(errors="replace"))
-                    break
-                handover.close()
-                self._send(("forked", pid), [errpipe])
-                os.close(errpipe)
-                return
-            try:
-                pid, errpipe = self._fork(launch, stdio, ruleset_fd, -1)
-            except OSError as e:
-                self._send(("fork_failed", e.errno or 0, e.strerror or str(e)))
-                return
+            pid, errpipe = self._fork(launch, fds[:3], fds[3] if len(fds) > 3 else -1, -1)
+        except OSError as e:
+            self._send(("fork_failed", e.errno or 0, e.strerror or str(e)))
+        else:
             self._send(("forked", pid), [errpipe])
             os.close(errpipe)
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _prefork(self, pool: Pool) -> bool:
+    def _prefork(self, name: str, pool: Pool) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno())
         except OSError as e:
-            ours.close()
-            os.write(2, f"landlock-supervisor zygote: pre-fork failed: {e}\n".encode(errors="replace"))
-            return False
+            os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
+            pool.wanted = 0  # the next refill tries again
+            return
         finally:
             theirs.close()
-        pool.idle.append((pid, errpipe, ours))
-        return True
+        try:
+            self._send(("pooled", name, pool.generation, pid), [errpipe, ours.fileno()])
+        finally:
+            os.close(errpipe)
+            ours.close()
 
     def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int) -> tuple[int, int]:
         if enter.thread_count(self.stat_fd) != 1:
@@ -287,7 +264,10 @@ class Zygote:
 
     def _send(self, message: tuple, fds: list[int] = ()) -> None:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        self.channel.sendmsg([marshal.dumps(message)], ancillary)
+        try:
+            self.channel.sendmsg([marshal.dumps(message)], ancillary)
+        except ConnectionError:
+            os._exit(0)  # the supervisor is gone
 
 
 def main() -> None:

@@ -1,0 +1,172 @@
+"""The zygote and the pools: children forked ahead for a manifest with
+`pool: N`, each confined before its request and used once. They must be
+what a fresh child is (same confinement, same argv/env/stdio, no signal
+left ignored), be replaced when the rules or the manifests change, die
+with the supervisor, and never be mistaken for orphans or lost."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import supervisor
+from supervisor.client import SpawnFailed
+from svhelpers import alive, children_of, proc_status, run, sh, wait_until, zombies_of
+
+pytestmark = pytest.mark.enforcement
+
+POOL = 3
+
+
+def _pooled(sv, name: str) -> int:
+    return sv.client.stats()["pooled"].get(name, 0)
+
+
+def _waiting_children(sv) -> list[int]:
+    """The supervisor's children that are neither its zygote nor a session."""
+    stats = sv.client.stats()
+    sessions = {c["pid"] for c in sv.client.list()["children"]}
+    return [p for p in children_of(sv.pid) if p != stats["zygote"] and p not in sessions and alive(p)]
+
+
+@pytest.fixture
+def pooled(lab, tmp_path):
+    data = lab.dir / "data"
+    data.mkdir()
+    os.chmod(data, 0o755)
+    (data / "f").write_text("granted\n")
+    os.chmod(data / "f", 0o644)
+    (lab.dir / "secret").write_text("secret\n")
+    lab.manifest("psh", command="/bin/sh", args=["-c"], client_args=True, client_env=["GREETING"], pool=POOL,
+                 user=65534, sandbox={"profiles": ["system"], "read_only": ["/usr/bin"],
+                                      "read_only_noexec": [str(data), "/proc"], "rlimits": {"NOFILE": 77}})
+    lab.stock()
+    sv = lab.start()
+    assert sh(sv.client, "true").code == 0
+    return sv, data
+
+
+@pytest.mark.timeout(30)
+def test_pooled_children_are_fresh_children(lab, pooled):
+    sv, data = pooled
+    first = run(sv.client, "psh", ["echo $0 $1 $GREETING; cat; ulimit -n"], stdin=b"in\n",
+                env={"GREETING": "hi"})
+    assert first.code == 0 and first.text == "/bin/sh hi\nin\n77\n", first
+    assert wait_until(lambda: _pooled(sv, "psh") == POOL, 5), sv.client.stats()
+    for _ in range(2 * POOL):  # every one of them, and their replacements
+        r = run(sv.client, "psh", [f"cat {data}/f; cat {lab.dir}/secret; grep -E '^(Uid|SigIgn|SigBlk|NoNewPrivs)' "
+                                   "/proc/self/status"])
+        assert r.text.startswith("granted\n"), r
+        assert b"Permission denied" in r.err, r  # Landlock: as uid 65534 DAC would allow it
+        status = proc_status(r.text.split("\n", 1)[1])
+        assert status["Uid"].split() == ["65534"] * 4
+        assert status["NoNewPrivs"] == "1"
+        # Nothing ignored, nothing blocked: not SIGPIPE, not glibc's 32 and 33.
+        assert int(status["SigIgn"], 16) == 0 and int(status["SigBlk"], 16) == 0, status
+        assert r.child.report.enforced and r.child.report.tid == r.child.pid
+    assert wait_until(lambda: _pooled(sv, "psh") == POOL, 5)
+    stats = sv.client.stats()
+    assert stats["reaped_orphans"] == 0 and stats["failed"] == 0, stats
+
+
+@pytest.mark.timeout(30)
+def test_pool_waits_confined_and_bounded(pooled):
+    """POOL children wait, each in its own session, confined already: a
+    signal sent to them is not the supervisor's, and none is counted as a
+    child or an orphan."""
+    sv, _ = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: len(_waiting_children(sv)) == POOL, 5), _waiting_children(sv)
+    for pid in _waiting_children(sv):
+        with open(f"/proc/{pid}/status") as f:
+            status = proc_status(f.read())
+        assert status["NoNewPrivs"] == "1" and status["Uid"].split() == ["65534"] * 4
+        assert os.getsid(pid) == pid
+    victim = _waiting_children(sv)[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: victim not in children_of(sv.pid), 5)
+    # The killed one is skipped; spawns go on.
+    for _ in range(POOL + 1):
+        assert run(sv.client, "psh", ["echo ok"]).text == "ok\n"
+    stats = sv.client.stats()
+    assert stats["children"] == 0 and stats["reaped_orphans"] == 0, stats
+    assert sv.client.ping()["pid"] == sv.pid
+
+
+@pytest.mark.timeout(30)
+def test_pool_replaced_when_a_path_is(lab, pooled):
+    """The pooled children entered the old ruleset: when a granted path is
+    replaced, they go, and the next child sees the new directory."""
+    sv, data = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: len(_waiting_children(sv)) == POOL, 5)
+    old = set(_waiting_children(sv))
+    data.rename(lab.dir / "old")
+    data.mkdir()
+    os.chmod(data, 0o755)
+    (data / "f").write_text("new\n")
+    os.chmod(data / "f", 0o644)
+    assert run(sv.client, "psh", [f"cat {data}/f"]).text == "new\n"
+    assert wait_until(lambda: not old & set(children_of(sv.pid)), 5)
+    denied = run(sv.client, "psh", [f"cat {lab.dir}/old/f"])
+    assert denied.code != 0 and b"Permission denied" in denied.err
+    assert sv.client.stats()["reaped_orphans"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_reload_and_zygote_death(lab, pooled):
+    """SIGHUP drains every pool; a killed zygote takes its place at the next
+    spawn, and the pooled children of the old one go."""
+    sv, _ = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: len(_waiting_children(sv)) == POOL, 5)
+    before = set(_waiting_children(sv))
+    sv.signal(signal.SIGHUP)
+    assert wait_until(lambda: "reloaded" in sv.log(), 5)
+    assert wait_until(lambda: not before & set(children_of(sv.pid)), 5)
+    assert run(sv.client, "psh", ["echo again"]).text == "again\n"
+    zygote = sv.client.stats()["zygote"]
+    os.kill(zygote, signal.SIGKILL)
+    assert wait_until(lambda: "the zygote" in sv.log(), 5), sv.log()
+    assert run(sv.client, "psh", ["echo after"]).text == "after\n"
+    assert run(sv.client, "true").code == 0
+    assert sv.client.stats()["zygote"] not in (None, zygote)
+    assert wait_until(lambda: not zombies_of(sv.pid), 5)
+    assert sv.client.stats()["reaped_orphans"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_pool_whose_children_cannot_start(lab):
+    """A pool whose children die before use (their cwd is not theirs to
+    enter) must not fork on and on: each spawn reports why, from a fresh
+    child, and the supervisor's children stay few."""
+    private = lab.dir / "private"
+    private.mkdir(mode=0o700)
+    lab.manifest("bad", command="/bin/true", cwd=str(private), user=65534, pool=4)
+    sv = lab.start()
+    for _ in range(6):
+        with pytest.raises(SpawnFailed) as e:
+            run(sv.client, "bad")
+        assert e.value.stage == "chdir", e.value.reply
+    assert wait_until(lambda: len(children_of(sv.pid)) <= 1 + 4, 5), children_of(sv.pid)
+    assert sv.client.ping()["pid"] == sv.pid
+
+
+@pytest.mark.timeout(30)
+def test_private_supervisor_children_keep_default_signals(lab):
+    """A private supervisor is started by posix_spawn, which leaves glibc's
+    internal signals ignored; none of that reaches its children."""
+    lab.manifest("status", command="/bin/cat", args=["/proc/self/status"],
+                 sandbox={"profiles": ["system"], "read_only_noexec": ["/proc"]})
+    with supervisor.start(str(lab.manifest_dir), state_root=str(lab.state_root)) as client:
+        r = run(client, "status")
+    status = proc_status(r.text)
+    assert int(status["SigIgn"], 16) == 0 and int(status["SigBlk"], 16) == 0, status
+
+
+def test_pool_is_bounded_in_the_manifest(lab):
+    from supervisor import manifest as manifests
+    path = lab.manifest("big", command="/bin/true", pool=9)
+    with pytest.raises(manifests.ManifestError, match="pool"):
+        manifests.load(path, state_root=str(lab.state_root))
