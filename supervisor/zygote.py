@@ -36,8 +36,8 @@ import ctypes
 import marshal
 import os
 import select
-import socket
 import _signal
+import _socket as socket  # not socket.py: its enums cost every fork ~130 pages
 
 import prctl
 
