@@ -9,6 +9,7 @@ unless its manifest says `on_disconnect: keep`.
 """
 from __future__ import annotations
 
+import functools
 import select
 import signal as signals
 import socket
@@ -114,8 +115,14 @@ class ChildState:
         self.pid: int = spawned["pid"]
         self.pgid: int = spawned["pgid"]
         self.manifest: str = spawned.get("manifest", "")
-        self.report = landlock.Report.from_dict(spawned["report"])
+        self._report: Mapping[str, Any] = spawned["report"]
         self.exited: dict[str, Any] | None = None   # the `exited` event, once known
+
+    @functools.cached_property
+    def report(self) -> landlock.Report:
+        """What the kernel enforces on the child (built when first asked for:
+        a proxy spawning in a loop may never look)."""
+        return landlock.Report.from_dict(self._report)
 
     @property
     def returncode(self) -> int | None:

@@ -9,6 +9,7 @@ os._exit. A failure travels back over a close-on-exec pipe as
 from __future__ import annotations
 
 import array
+import errno
 import itertools
 import marshal
 import os
@@ -111,11 +112,14 @@ class Zygote:
         Raises OSError when the fork fails (EAGAIN, ENOMEM) or the zygote is
         gone twice."""
         fds = stdio + ([launch.confinement.ruleset.fd] if launch.confinement.ruleset.fd >= 0 else [])
+        message = ("spawn", launch.message())
+        if len(marshal.dumps(message)) > zygote.MAX_MESSAGE:
+            raise OSError(errno.E2BIG, f"argv and environment exceed {zygote.MAX_MESSAGE // 1024} KiB")
         for attempt in (1, 2):
             try:
                 if self.channel is None:
                     self.start()
-                self._send(("spawn", launch.message()), fds)
+                self._send(message, fds)
                 reply = self._reply()
                 break
             except (OSError, EOFError) as e:
@@ -136,12 +140,15 @@ class Zygote:
         if confinement is not launch.confinement:
             self._pool(name, size, launch)
             return None
+        request = marshal.dumps((launch.argv, launch.env))
+        if len(request) > zygote.MAX_MESSAGE:
+            return None  # spawn() says why
         self.receive()
         children = self.ready.get(name, [])
         while children:
             child = children.pop()
             try:
-                child.handover.sendmsg([marshal.dumps((launch.argv, launch.env))],
+                child.handover.sendmsg([request],
                                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
             except OSError:
                 # Died before its use (a child that dies young does so again:

@@ -44,7 +44,7 @@ import prctl
 from landlock import enter
 
 CHANNEL_FD = 3
-MAX_MESSAGE = 256 * 1024
+MAX_MESSAGE = 256 * 1024        # a launch: argv and environment, the supervisor checks
 _FDS_SPACE = socket.CMSG_SPACE(8 * 4)
 ALL_SIGNALS = _signal.valid_signals()
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import supervisor
-from supervisor.client import SpawnFailed
+from supervisor.client import SpawnFailed, SupervisorError
 from svhelpers import alive, children_of, proc_status, run, sh, wait_until, zombies_of
 
 pytestmark = pytest.mark.enforcement
@@ -170,3 +170,20 @@ def test_pool_is_bounded_in_the_manifest(lab):
     path = lab.manifest("big", command="/bin/true", pool=9)
     with pytest.raises(manifests.ManifestError, match="pool"):
         manifests.load(path, state_root=str(lab.state_root))
+
+
+@pytest.mark.timeout(30)
+def test_oversized_environment_is_refused_clearly(lab):
+    """argv and environment past what the zygote takes (256 KiB, here from
+    the supervisor's own environment): an error naming it, pooled or not;
+    the supervisor serves on."""
+    big = {f"BIG{i}": "x" * (100 * 1024) for i in range(3)}
+    for pool in (0, 2):
+        lab.manifest(f"big{pool}", command="/bin/true", pool=pool, inherit_env=sorted(big))
+    sv = lab.start(env=big)
+    for pool in (0, 2):
+        for _ in range(2):
+            with pytest.raises(SupervisorError) as e:
+                run(sv.client, f"big{pool}")
+            assert e.value.code == "fork_failed" and "256 KiB" in str(e.value), e.value
+    assert sv.client.ping()["pid"] == sv.pid
