@@ -56,9 +56,9 @@ ACTIONS = [("wait", 50), ("disconnect_early", 10), ("disconnect_after_spawn", 15
 SIGNALS = [signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCONT]
 
 
-def manifests(directory: Path, tag: str) -> None:
+def manifests(directory: Path, tag: str, pool: int = 0) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    who = "allow_root: true\n" if os.geteuid() == 0 else ""
+    who = ("allow_root: true\n" if os.geteuid() == 0 else "") + f"pool: {pool}\n"
     env = f"env: {{LLSV_SOAK_TAG: '{tag}', PATH: /usr/bin:/bin}}\n"
     sandbox = "sandbox:\n  profiles: [system]\n  read_only: [/usr/bin]\n"
     (directory / "sh.yaml").write_text(f"command: /bin/sh\nargs: [-c]\nclient_args: true\n{who}{env}{sandbox}")
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-seconds", type=float, default=900)
     p.add_argument("--grace", type=float, default=0.5, help="the supervisor's TERM-to-KILL grace")
+    p.add_argument("--pool", type=int, default=0, help="the manifests' pool (children forked ahead)")
     p.add_argument("--sighup-every", type=float, default=2.0, help="reload the supervisor this often (0: never)")
     p.add_argument("--socket", help="use this running supervisor (its manifests must be the soak's)")
     p.add_argument("--pid", type=int, help="its pid, with --socket")
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.socket:
             path, pid = args.socket, args.pid
         else:
-            manifests(base / "manifests", tag)
+            manifests(base / "manifests", tag, args.pool)
             path = str(base / "run" / "socket")
             log = open(base / "supervisor.log", "wb")
             env = {k: v for k, v in os.environ.items() if k != "LANDLOCK_SUPERVISOR_SOCKET"}
