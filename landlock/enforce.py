@@ -52,17 +52,11 @@ class Confinement:
         """The Report as JSON-ready data, built once: a fork-server sends it per child."""
         return self.report.to_dict()
 
-    def drop_privileges(self) -> None:
+    def enter(self) -> None:
+        """Privileges, rlimits, no_new_privs, then the Landlock domain."""
         enter.drop_privileges(self.entry)
-
-    def restrict(self) -> None:
-        """rlimits, no_new_privs, then the Landlock domain."""
         enter.set_rlimits(self.entry)
         enter.restrict(self.entry, self.ruleset.fd)
-
-    def enter(self) -> None:
-        self.drop_privileges()
-        self.restrict()
 
     def close(self) -> None:
         self.ruleset.close()
