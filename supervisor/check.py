@@ -56,7 +56,11 @@ def cross_warnings(manifests: list[Manifest]) -> dict[str, list[str]]:
 
 def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": m.name, "source": m.source, "command": [m.command, *m.args],
-                             "warnings": list(m.warnings) + warnings}
+                             "pool": m.pool, "warnings": list(m.warnings) + warnings}
+    nproc = [r for r in m.spec.rlimits if r.name == "NPROC"]
+    if m.pool and nproc:
+        entry["warnings"].append(f"rlimits.NPROC ({nproc[0].soft}) counts the pool's {m.pool} waiting "
+                                 "children too: they run as the same user")
     if os.geteuid() == 0 and m.allow_root:
         entry["warnings"].append("runs as root (allow_root): capabilities dropped, but DAC no longer "
                                  "protects other users' files and sockets; give it a dedicated user")
@@ -84,6 +88,8 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     for e in entries:
         print(f"\n{e['name']} ({e['source']})")
         print(f"  command: {' '.join(e['command'])}")
+        if e["pool"]:
+            print(f"  pool: {e['pool']} children forked and confined ahead of requests")
         if "refused" in e:
             print(f"  REFUSED on this kernel: {e['refused']}")
         else:

@@ -187,3 +187,31 @@ def test_oversized_environment_is_refused_clearly(lab):
                 run(sv.client, f"big{pool}")
             assert e.value.code == "fork_failed" and "256 KiB" in str(e.value), e.value
     assert sv.client.ping()["pid"] == sv.pid
+
+
+def test_check_shows_the_pool(lab):
+    import json
+    import subprocess
+    from svhelpers import PYTHON, REPO
+    path = lab.manifest("pooled", command="/bin/true", pool=2, sandbox={"profiles": ["system"],
+                                                                        "rlimits": {"NPROC": 50}})
+    r = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", "--manifest", str(path),
+                        "--state-root", str(lab.state_root)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)["manifests"][0]
+    assert entry["pool"] == 2
+    assert any("pool's 2 waiting children" in w for w in entry["warnings"]), entry["warnings"]
+
+
+@pytest.mark.timeout(30)
+def test_supervisor_killed_takes_zygote_and_pool(pooled):
+    """SIGKILL leaves no handler to run: the zygote and every waiting child
+    go by PDEATHSIG."""
+    sv, _ = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: len(_waiting_children(sv)) == POOL, 5)
+    family = [sv.client.stats()["zygote"], *_waiting_children(sv)]
+    sv.proc.kill()
+    sv.proc.wait()
+    sv.stopped = True
+    assert wait_until(lambda: not [p for p in family if alive(p)], 5), [p for p in family if alive(p)]
