@@ -141,8 +141,8 @@ class Zygote:
             self._pool(name, size, launch)
             return None
         request = marshal.dumps((launch.argv, launch.env))
-        if len(request) > zygote.MAX_MESSAGE:
-            return None  # spawn() says why
+        if len(request) > zygote.HANDOVER_MAX:
+            return None  # a fresh child takes it (or spawn() says why not)
         self.receive()
         children = self.ready.get(name, [])
         while children:

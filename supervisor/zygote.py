@@ -45,6 +45,9 @@ from landlock import enter
 
 CHANNEL_FD = 3
 MAX_MESSAGE = 256 * 1024        # a launch: argv and environment, the supervisor checks
+# What a waiting child takes (argv, environment): below malloc's mmap threshold,
+# so receiving it costs no mmap/munmap; a larger request gets a fresh child.
+HANDOVER_MAX = 64 * 1024
 _FDS_SPACE = socket.CMSG_SPACE(8 * 4)
 ALL_SIGNALS = _signal.valid_signals()
 
@@ -135,7 +138,7 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
                 os.close(ruleset_fd)
             stage = "wait"
             data, ancillary, flags, _ = socket.socket(fileno=handover).recvmsg(
-                MAX_MESSAGE, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+                HANDOVER_MAX, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
             if not data:
                 os._exit(0)  # drained unused
             fds = _received_fds(ancillary, flags)

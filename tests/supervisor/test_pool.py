@@ -180,7 +180,12 @@ def test_oversized_environment_is_refused_clearly(lab):
     big = {f"BIG{i}": "x" * (100 * 1024) for i in range(3)}
     for pool in (0, 2):
         lab.manifest(f"big{pool}", command="/bin/true", pool=pool, inherit_env=sorted(big))
+    # 100 KiB: more than a waiting child takes (64 KiB), so a fresh child runs it.
+    lab.manifest("large", command="/bin/sh", args=["-c", 'test ${#BIG0} = 102400'], pool=2, inherit_env=["BIG0"],
+                 sandbox={"profiles": ["system"]})
     sv = lab.start(env=big)
+    for _ in range(3):
+        assert run(sv.client, "large").code == 0
     for pool in (0, 2):
         for _ in range(2):
             with pytest.raises(SupervisorError) as e:
