@@ -37,9 +37,12 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
-    data = encode(message)
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([data], ancillary)
+    sock.sendmsg([encode(message)], rights(fds))
+
+
+def rights(fds: list[int]) -> list[tuple[int, int, array.array]]:
+    """sendmsg()'s ancillary data passing fds (none: no ancillary data)."""
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
 
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
@@ -48,7 +51,7 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     Raises ProtocolError after closing whatever fds came with a bad message.
     """
     data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, socket.MSG_CMSG_CLOEXEC)
-    fds = _fds(ancdata)
+    fds = received_fds(ancdata)
     try:
         if flags & socket.MSG_CTRUNC:
             raise ProtocolError("too many file descriptors attached", "bad_fds")
@@ -115,7 +118,7 @@ def shortened(message: dict[str, Any], limit: int = 1024) -> dict[str, Any]:
     return out
 
 
-def _fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -598,9 +598,7 @@ class Supervisor:
         conn.deadline = None
         m = self.manifests[request["manifest"]]
         try:
-            # A pool serves the manifest's own spec only, not a narrowed one.
-            pooled = (self.zygote.take(m.name, m.pool, launch, stdio)
-                      if m.pool and self.confinements.get(m.spec) is launch.confinement else None)
+            pooled = self.zygote.take(launch, stdio) if launch.pool else None
             pid, errpipe = pooled or self.zygote.spawn(launch, stdio)
         except OSError as e:
             raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
@@ -661,7 +659,9 @@ class Supervisor:
                                          "env_refused")
         spec = manifests.narrow(m, request.get("narrow"))
         launch = spawn.Launch(m.command, [m.command, *m.args, *args],
-                              m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec))
+                              m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec),
+                              # A pool serves the manifest's own spec only, not a narrowed one.
+                              pool=(m.name, m.pool) if m.pool and spec is m.spec else None)
         return launch, fds
 
     def _confinement(self, spec: landlock.Spec) -> landlock.Confinement:
@@ -751,7 +751,7 @@ class Supervisor:
 
     def _reaped_other(self, pid: int, status: int) -> None:
         if pid == self.zygote.pid:
-            self.zygote.lost()
+            self.zygote.close()
             if not self.stopping:
                 log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
                     "another starts at the next spawn")

@@ -8,7 +8,6 @@ os._exit. A failure travels back over a close-on-exec pipe as
 """
 from __future__ import annotations
 
-import array
 import errno
 import itertools
 import marshal
@@ -25,7 +24,7 @@ import prctl
 
 import landlock
 
-from . import zygote
+from . import protocol, zygote
 
 _BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor import zygote; zygote.main()"
 _REPLY_TIMEOUT = 10.0
@@ -39,6 +38,7 @@ class Launch:
     cwd: str
     umask: int
     confinement: landlock.Confinement
+    pool: tuple[str, int] | None = None   # (manifest, size): a pool of its children may serve this
 
     def message(self, pooled: bool = False) -> tuple:
         """The zygote's form; a pool's template leaves argv and env to each request."""
@@ -112,18 +112,18 @@ class Zygote:
         Raises OSError when the fork fails (EAGAIN, ENOMEM) or the zygote is
         gone twice."""
         fds = stdio + ([launch.confinement.ruleset.fd] if launch.confinement.ruleset.fd >= 0 else [])
-        message = ("spawn", launch.message())
-        if len(marshal.dumps(message)) > zygote.MAX_MESSAGE:
+        message = marshal.dumps(("spawn", launch.message()))
+        if len(message) > zygote.MAX_MESSAGE:
             raise OSError(errno.E2BIG, f"argv and environment exceed {zygote.MAX_MESSAGE // 1024} KiB")
         for attempt in (1, 2):
             try:
                 if self.channel is None:
                     self.start()
-                self._send(message, fds)
+                self.channel.sendmsg([message], protocol.rights(fds))
                 reply = self._reply()
                 break
             except (OSError, EOFError) as e:
-                self.lost()
+                self.close()
                 if attempt == 2:
                     raise OSError(getattr(e, "errno", 0) or 0, f"the zygote is gone: {e}") from None
         if reply[0] == "forked":
@@ -132,24 +132,26 @@ class Zygote:
             raise OSError(reply[1], reply[2])
         raise OSError(0, f"the zygote said {reply!r}")
 
-    def take(self, name: str, size: int, launch: Launch, stdio: list[int]) -> tuple[int, int] | None:
-        """Hand the request to a pooled child of manifest `name`; returns
-        (pid, error pipe), or None when none is ready (the pool is set up,
-        or replaced when its confinement changed, for the next spawns)."""
+    def take(self, launch: Launch, stdio: list[int]) -> tuple[int, int] | None:
+        """Hand the request to a pooled child of launch.pool; returns (pid,
+        error pipe), or None when none is ready (the pool is set up, or
+        replaced when its confinement changed, for the next spawns)."""
+        name, size = launch.pool
         generation, confinement = self.pools.get(name, (0, None))
         if confinement is not launch.confinement:
             self._pool(name, size, launch)
             return None
+        self.receive()
+        children = self.ready.get(name, [])
+        if not children:
+            return None
         request = marshal.dumps((launch.argv, launch.env))
         if len(request) > zygote.HANDOVER_MAX:
             return None  # a fresh child takes it (or spawn() says why not)
-        self.receive()
-        children = self.ready.get(name, [])
         while children:
             child = children.pop()
             try:
-                child.handover.sendmsg([request],
-                                       [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+                child.handover.sendmsg([request], protocol.rights(stdio))
             except OSError:
                 # Died before its use (a child that dies young does so again:
                 # no refill for it; the fresh spawn reports why).
@@ -158,9 +160,9 @@ class Zygote:
                 continue
             child.handover.close()
             try:
-                self._send(("refill", name, generation), [])
+                self._send(("refill", name, generation))
             except OSError:
-                self.lost()
+                self.close()
             return child.pid, child.errpipe
         return None
 
@@ -173,7 +175,7 @@ class Zygote:
                 self.start()
             self._send(("pool", name, generation, size, launch.message(pooled=True)), [fd] if fd >= 0 else [])
         except (OSError, EOFError):
-            self.lost()
+            self.close()
             return
         self.pools[name] = (generation, launch.confinement)
 
@@ -189,9 +191,9 @@ class Zygote:
             self._retire(name)
             if self.channel is not None:
                 try:
-                    self._send(("pool", name, 0, 0, None), [])
+                    self._send(("pool", name, 0, 0, None))
                 except OSError:
-                    self.lost()
+                    self.close()
 
     def reaped(self, pid: int) -> bool:
         """Whether a reaped pid was a pooled child (or one sent away)."""
@@ -214,7 +216,7 @@ class Zygote:
             except BlockingIOError:
                 return
             except (OSError, EOFError):
-                self.lost()
+                self.close()
                 return
             if message[0] != "pooled":
                 raise OSError(0, f"the zygote said {message!r} out of turn")
@@ -231,9 +233,7 @@ class Zygote:
 
     def _read(self, flags: int) -> tuple:
         data, ancillary, _, _ = self.channel.recvmsg(4096, socket.CMSG_SPACE(2 * 4), socket.MSG_CMSG_CLOEXEC | flags)
-        fds = [fd for level, kind, payload in ancillary
-               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-               for fd in array.array("i", payload[:len(payload) - len(payload) % 4])]
+        fds = protocol.received_fds(ancillary)
         if not data:
             raise EOFError("EOF from the zygote")
         message = marshal.loads(data)
@@ -252,20 +252,16 @@ class Zygote:
                 os.close(fd)
         return message
 
-    def _send(self, message: tuple, fds: list[int]) -> None:
-        self.channel.sendmsg([marshal.dumps(message)],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+    def _send(self, message: tuple, fds: list[int] = ()) -> None:
+        self.channel.sendmsg([marshal.dumps(message)], protocol.rights(fds))
 
-    def lost(self) -> None:
-        """The zygote died (or the channel broke): its pooled children go,
-        and the next spawn starts another zygote."""
+    def close(self) -> None:
+        """Close the channel: at its EOF the zygote exits (if it has not died
+        already), and the pooled children at theirs; the next spawn starts
+        another zygote."""
         for name in list(self.pools):
             self._retire(name)
         if self.channel is not None:
             self.selector.unregister(self.channel)
             self.channel.close()
             self.channel = None
-
-    def close(self) -> None:
-        """At EOF the zygote exits; the pooled children at theirs."""
-        self.lost()

@@ -86,6 +86,7 @@ def _default_internal_signals() -> None:
 
 
 def _received_fds(ancillary: list, flags: int) -> list[int]:
+    """protocol.received_fds, without importing protocol (and json) here."""
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -97,12 +98,18 @@ def _received_fds(ancillary: list, flags: int) -> list[int]:
     return fds
 
 
+def _launch(message: tuple) -> tuple:
+    """A launch as received, its entry made an Entry here: not in each child,
+    where every object made costs copy-on-write faults."""
+    *rest, entry = message
+    return (*rest, enter.Entry(*entry))
+
+
 def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int,
            supervisor: int, reset: list[int]) -> None:
     """Confine, (if pooled: wait for the request,) exec. Leaves by exec or
     os._exit; a failure goes back as "stage:errno:message" on err_w."""
     program, argv, env, cwd, umask, entry = launch
-    entry = enter.Entry(*entry)
     stage = "signals"
     try:
         for sig in reset:
@@ -201,14 +208,14 @@ class Zygote:
         fds = _received_fds(ancillary, flags)
         message = marshal.loads(data)
         if message[0] == "spawn":
-            self._spawn(message[1], fds)
+            self._spawn(_launch(message[1]), fds)
         elif message[0] == "pool":
             _, name, generation, size, launch = message
             old = self.pools.pop(name, None)
             if old is not None:
                 old.close()
             if size > 0:
-                self.pools[name] = Pool(generation, size, launch, fds[0] if fds else -1)
+                self.pools[name] = Pool(generation, size, _launch(launch), fds[0] if fds else -1)
             else:
                 for fd in fds:
                     os.close(fd)
