@@ -16,20 +16,22 @@ def _ids(pattern: str) -> set[str]:
     return out
 
 
+def _rows_match_tests(section: str, pattern: str) -> dict[str, tuple[str, str]]:
+    """The section's rows, after checking they name exactly the ids the tests use."""
+    tested = _ids(pattern)
+    rows = doc_table(section)
+    assert tested, f"no test matches {pattern!r}"
+    assert tested - set(rows) == set(), f"tested but without a row in {DOC} ({section}): {sorted(tested - set(rows))}"
+    assert set(rows) - tested == set(), f"rows of {section} without a test: {sorted(set(rows) - tested)}"
+    return rows
+
+
 @pytest.mark.timeout(10)
 def test_every_case_is_documented():
-    tested = _ids(r'@case\("([a-z0-9-]+)"\)')
-    rows = doc_table("Escape catalogue")
-    assert tested, "no @case found"
-    assert tested - set(rows) == set(), f"cases without a row in {DOC}: {sorted(tested - set(rows))}"
-    assert set(rows) - tested == set(), f"rows without a test: {sorted(set(rows) - tested)}"
+    rows = _rows_match_tests("Escape catalogue", r'@case\("([a-z0-9-]+)"\)')
     assert all(outcome == "denied" for outcome, _ in rows.values()), rows
 
 
 @pytest.mark.timeout(10)
 def test_every_limit_is_documented():
-    tested = _ids(r'check_limit\("([a-z0-9-]+)"')
-    rows = doc_table("Limits")
-    assert tested, "no check_limit found"
-    assert tested - set(rows) == set(), f"limits without a row in {DOC}: {sorted(tested - set(rows))}"
-    assert set(rows) - tested == set(), f"rows without a test: {sorted(set(rows) - tested)}"
+    _rows_match_tests("Limits", r'check_limit\("([a-z0-9-]+)"')
