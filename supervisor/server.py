@@ -528,7 +528,7 @@ class Supervisor:
                 for s in self.sessions.values()]})
         elif op == "stats":
             self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
-                              "zygote": self.zygote.pid if self.zygote.channel else None,
+                              "zygote": self.zygote.pid,
                               "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
                               "connections": len(self.connections), "fds": _fd_count(),
                               "rss_kib": _rss_kib()})
@@ -750,8 +750,7 @@ class Supervisor:
                 self._forget(session)
 
     def _reaped_other(self, pid: int, status: int) -> None:
-        if pid == self.zygote.pid:
-            self.zygote.close()
+        if self.zygote.ended(pid):
             if not self.stopping:
                 log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
                     "another starts at the next spawn")

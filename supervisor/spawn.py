@@ -14,6 +14,7 @@ import marshal
 import os
 import select
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -27,7 +28,7 @@ import landlock
 from . import protocol, zygote
 
 _BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor import zygote; zygote.main()"
-_REPLY_TIMEOUT = 10.0
+_REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Zygote:
         self.pools: dict[str, tuple[int, landlock.Confinement]] = {}   # name -> (generation, what it enters)
         self.ready: dict[str, list[Pooled]] = {}
         self.retired: set[int] = set()  # sent away unused: reaped, not orphans
+        self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -210,15 +212,24 @@ class Zygote:
 
     def receive(self) -> None:
         """Take in the pooled children that arrived (the channel is readable)."""
-        while self.channel is not None:
+        if self.channel is not None and not self._collect():
+            self.close()
+
+    def _collect(self) -> bool:
+        """Read what the zygote sent; False at the channel's end."""
+        while True:
             try:
                 message = self._read(socket.MSG_DONTWAIT)
             except BlockingIOError:
-                return
+                return True
             except (OSError, EOFError):
-                self.close()
-                return
-            if message[0] != "pooled":
+                return False
+            if message[0] == "forked":  # the answer to a spawn given up on: nobody's child
+                _, pid, errpipe = message
+                os.close(errpipe)
+                os.kill(pid, signal.SIGKILL)
+                self.retired.add(pid)
+            elif message[0] != "pooled":
                 raise OSError(0, f"the zygote said {message!r} out of turn")
 
     def _reply(self) -> tuple:
@@ -259,9 +270,35 @@ class Zygote:
         """Close the channel: at its EOF the zygote exits (if it has not died
         already), and the pooled children at theirs; the next spawn starts
         another zygote."""
+        if self.channel is not None:
+            try:
+                # The zygote may have died with pooled children announced
+                # but not yet read (its SIGCHLD handled first): read them,
+                # so that they are reaped as ours, not as orphans.
+                self._collect()
+            except OSError:
+                pass
         for name in list(self.pools):
             self._retire(name)
         if self.channel is not None:
             self.selector.unregister(self.channel)
             self.channel.close()
             self.channel = None
+        if self.pid is not None:
+            # Not reaped yet, so the pid is still its own. A stopped zygote
+            # (a spawn timed out) must never wake to fork for a request
+            # given up on.
+            os.kill(self.pid, signal.SIGKILL)
+            self.unreaped.add(self.pid)
+            self.pid = None
+
+    def ended(self, pid: int) -> bool:
+        """Whether a reaped pid was a zygote (the channel closes with it)."""
+        if pid == self.pid:
+            self.pid = None
+            self.close()
+            return True
+        if pid in self.unreaped:
+            self.unreaped.discard(pid)
+            return True
+        return False

@@ -126,6 +126,9 @@ def test_reload_and_zygote_death(lab, pooled):
     assert wait_until(lambda: "reloaded" in sv.log(), 5)
     assert wait_until(lambda: not before & set(children_of(sv.pid)), 5)
     assert run(sv.client, "psh", ["echo again"]).text == "again\n"
+    # Killed while idle: one killed between a fork and its announcement
+    # leaves a child nobody knew of (it exits at once, reaped as an orphan).
+    assert wait_until(lambda: _pooled(sv, "psh") == POOL, 5)
     zygote = sv.client.stats()["zygote"]
     os.kill(zygote, signal.SIGKILL)
     assert wait_until(lambda: "the zygote" in sv.log(), 5), sv.log()
@@ -134,6 +137,23 @@ def test_reload_and_zygote_death(lab, pooled):
     assert sv.client.stats()["zygote"] not in (None, zygote)
     assert wait_until(lambda: not zombies_of(sv.pid), 5)
     assert sv.client.stats()["reaped_orphans"] == 0
+
+
+@pytest.mark.timeout(40)
+def test_stopped_zygote(lab, pooled):
+    """A zygote stopped (by a child not scoped from signalling it) stalls one
+    spawn until the reply deadline, then is killed, never to fork for the
+    request given up on; another takes its place."""
+    sv, _ = pooled
+    zygote = sv.client.stats()["zygote"]
+    os.kill(zygote, signal.SIGSTOP)
+    assert run(sv.client, "true").code == 0
+    assert sv.client.stats()["zygote"] not in (None, zygote)
+    assert wait_until(lambda: not alive(zygote), 5)
+    assert wait_until(lambda: not zombies_of(sv.pid), 5)
+    assert run(sv.client, "psh", ["echo after"]).text == "after\n"
+    stats = sv.client.stats()
+    assert stats["reaped_orphans"] == 0 and stats["spawned"] == stats["exited"] + len(sv.client.list()["children"])
 
 
 @pytest.mark.timeout(30)
