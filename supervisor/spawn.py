@@ -28,6 +28,7 @@ import landlock
 from . import protocol, zygote
 
 _BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor import zygote; zygote.main()"
+_ASYNC = ("pooled", "pool_failed")   # what the zygote sends unasked
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
 
 
@@ -63,13 +64,7 @@ def read_error(data: bytes) -> SpawnError:
 class Pooled:
     """A child the zygote forked ahead, confined, waiting for its request."""
     pid: int
-    errpipe: int
-    handover: socket.socket
-
-    def close(self) -> None:
-        """At EOF on its hand-over socket the child exits unused."""
-        os.close(self.errpipe)
-        self.handover.close()
+    handover: socket.socket   # at its EOF the child exits unused
 
 
 class Zygote:
@@ -150,22 +145,27 @@ class Zygote:
         request = marshal.dumps((launch.argv, launch.env))
         if len(request) > zygote.HANDOVER_MAX:
             return None  # a fresh child takes it (or spawn() says why not)
-        while children:
-            child = children.pop()
-            try:
-                child.handover.sendmsg([request], protocol.rights(stdio))
-            except OSError:
-                # Died before its use (a child that dies young does so again:
-                # no refill for it; the fresh spawn reports why).
-                self.retired.add(child.pid)
-                child.close()
-                continue
-            child.handover.close()
-            try:
-                self._send(("refill", name, generation))
-            except OSError:
-                self.close()
-            return child.pid, child.errpipe
+        errpipe, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            while children:
+                child = children.pop()
+                try:
+                    child.handover.sendmsg([request], protocol.rights([*stdio, err_w]))
+                except OSError:
+                    # Died before its use (a child that dies young does so
+                    # again: no refill for it; the fresh spawn reports why).
+                    self.retired.add(child.pid)
+                    continue
+                finally:
+                    child.handover.close()
+                try:
+                    self._send(("refill", name, generation))
+                except OSError:
+                    self.close()
+                return child.pid, errpipe
+        finally:
+            os.close(err_w)
+        os.close(errpipe)
         return None
 
     def _pool(self, name: str, size: int, launch: Launch) -> None:
@@ -184,7 +184,7 @@ class Zygote:
     def _retire(self, name: str) -> None:
         for child in self.ready.pop(name, []):
             self.retired.add(child.pid)
-            child.close()
+            child.handover.close()
         self.pools.pop(name, None)
 
     def drain(self) -> None:
@@ -206,7 +206,7 @@ class Zygote:
             for child in children:
                 if child.pid == pid:
                     children.remove(child)
-                    child.close()
+                    child.handover.close()
                     return True
         return False
 
@@ -229,7 +229,7 @@ class Zygote:
                 os.close(errpipe)
                 os.kill(pid, signal.SIGKILL)
                 self.retired.add(pid)
-            elif message[0] != "pooled":
+            elif message[0] not in _ASYNC:
                 raise OSError(0, f"the zygote said {message!r} out of turn")
 
     def _reply(self) -> tuple:
@@ -239,7 +239,7 @@ class Zygote:
             if not select.select([self.channel], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 raise TimeoutError("the zygote did not answer")
             message = self._read(0)
-            if message[0] != "pooled":
+            if message[0] not in _ASYNC:
                 return message
 
     def _read(self, flags: int) -> tuple:
@@ -248,11 +248,13 @@ class Zygote:
         if not data:
             raise EOFError("EOF from the zygote")
         message = marshal.loads(data)
-        if message[0] == "pooled":
-            _, name, generation, pid = message
-            if self.pools.get(name, (None,))[0] == generation and len(fds) == 2:
-                self.ready.setdefault(name, []).append(Pooled(pid, fds[0], socket.socket(fileno=fds[1])))
-            else:  # of a pool since replaced
+        if message[0] in _ASYNC:
+            pid, helper = message[3:5]
+            if helper:
+                self.retired.add(helper)  # reaped once the child has exec'd or exited
+            if message[0] == "pooled" and self.pools.get(message[1], (None,))[0] == message[2] and len(fds) == 1:
+                self.ready.setdefault(message[1], []).append(Pooled(pid, socket.socket(fileno=fds[0])))
+            else:  # failed, or of a pool since replaced
                 self.retired.add(pid)
                 for fd in fds:
                     os.close(fd)

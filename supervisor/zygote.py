@@ -14,8 +14,21 @@ their orphans come back to it as subreaper. The zygote has no children.
 
 A pool of pre-forked children per manifest takes the fork off the request
 path: each one confines itself (privileges, PDEATHSIG, no_new_privs, the
-Landlock domain) and waits, signals blocked, for its argv, environment and
-stdio; then rlimits and exec. Each is used once. EOF instead: it exits.
+Landlock domain), says it is ready, and waits, signals blocked, for its
+argv, environment, stdio and error pipe; then rlimits and exec. Each is used
+once. EOF instead: it exits.
+
+An exec spends ~0.4 ms tearing down the forked interpreter's address space
+before it closes the error pipe. A pooled child hands that to a helper: a
+process sharing its memory (CLONE_VM), asleep in glibc's
+pthread_mutex_lock() on a process-shared mutex whose lock word is the
+child's clear-tid word (CLONE_CHILD_CLEARTID). At the child's exec, or its
+exit, the kernel clears that word and wakes the helper, which returns and
+exits, dropping the old address space last. It runs no Python, holds none of
+the request's fds (it is cloned before they arrive), stays outside the
+child's Landlock domain (cloned before it), and is SCHED_BATCH, so the wake
+does not preempt the exec. No helper when the child has an NPROC limit: it
+would count against it.
 
 The channel is fd 3, a SOCK_SEQPACKET socket to the supervisor, which
 starts this module with `-I -S` and its import paths as arguments (see
@@ -23,11 +36,14 @@ spawn.Zygote). Messages are marshal'd tuples:
   ("spawn", launch) + [stdin, stdout, stderr(, ruleset)]
       -> ("forked", pid) + [error pipe] | ("fork_failed", errno, message)
   ("pool", name, generation, size, launch) + [(ruleset)]: keep forking
-      children for it (size 0: stop); each one, when forked,
-      -> ("pooled", name, generation, pid) + [error pipe, hand-over socket]
+      children for it (size 0: stop); each one, once ready,
+      -> ("pooled", name, generation, pid, helper pid or 0) + [hand-over socket]
+      or, if it died first, ("pool_failed", name, generation, pid, helper, why)
   ("refill", name, generation): one was used, fork another.
 The supervisor hands a pooled child its request itself (spawn.Zygote.take):
-(argv, env) marshal'd + [stdin, stdout, stderr] on the hand-over socket.
+(argv, env) marshal'd + [stdin, stdout, stderr, error pipe] on the hand-over
+socket. Before that, the child reports on a pipe to us: "helper PID\n" when
+it made one, then "ready\n", or why it failed, then EOF.
 launch: (program, argv, env, cwd, umask, entry); a pool's has argv and env
 None. EOF: the zygote exits.
 """
@@ -40,6 +56,7 @@ import _signal
 import _socket as socket  # not socket.py: its enums cost every fork ~130 pages
 
 import prctl
+import resource
 
 from landlock import enter
 
@@ -51,26 +68,58 @@ HANDOVER_MAX = 64 * 1024
 _FDS_SPACE = socket.CMSG_SPACE(8 * 4)
 ALL_SIGNALS = _signal.valid_signals()
 
-# clone(CLONE_PARENT | SIGCHLD, no new stack, no tids, no tls): the argument
-# order differs between architectures only where the zeros are.
+# clone(CLONE_PARENT | CLONE_CHILD_CLEARTID | SIGCHLD, no new stack): the
+# child_tid argument is the 4th on x86_64, the 5th on the others here
+# (CLONE_BACKWARDS); the rest are zeros.
 _CLONE_NR = {"x86_64": 56, "aarch64": 220, "riscv64": 220, "ppc64le": 120, "armv7l": 120, "i686": 120}
+_CLONE_VM = 0x00000100
 _CLONE_PARENT = 0x00008000
+_CLONE_CHILD_CLEARTID = 0x00200000
 _SIGCHLD = 17
 _RT_SIGACTION_NR = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "armv7l": 174, "i686": 174}
 # PyDLL: the call keeps the GIL, so the child comes back holding it, as after os.fork.
 _syscall = ctypes.PyDLL(None, use_errno=True).syscall
 _syscall.restype = ctypes.c_long
+_libc = ctypes.CDLL(None, use_errno=True)
+_clone = _libc.clone
+_clone.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+# The helper's: a mutex (>= sizeof(pthread_mutex_t) everywhere) and a stack,
+# made here once; each child has its own copy of both.
+_mutex = ctypes.create_string_buffer(64)
+_stack = ctypes.create_string_buffer(16384)
 
 
 def _fork_for_parent() -> int:
-    """fork(), the child being our parent's. No Python at-fork hooks run: the
-    zygote is single-threaded and imports nothing that registers one."""
-    pid = _syscall(ctypes.c_long(_CLONE_NR[os.uname().machine]),
-                   ctypes.c_ulong(_CLONE_PARENT | _SIGCHLD), None, None, None, None)
+    """fork(), the child being our parent's, its clear-tid word the helper's
+    lock. No Python at-fork hooks run: the zygote is single-threaded and
+    imports nothing that registers one."""
+    args = [ctypes.c_ulong(_CLONE_PARENT | _CLONE_CHILD_CLEARTID | _SIGCHLD), None, None, None, None]
+    args[3 if os.uname().machine == "x86_64" else 4] = ctypes.c_void_p(ctypes.addressof(_mutex))
+    pid = _syscall(ctypes.c_long(_CLONE_NR[os.uname().machine]), *args)
     if pid < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return pid
+
+
+def _lock_helper_mutex() -> None:
+    """Process-shared: a shared futex is what the kernel's clear-tid wakes.
+    Locked with no owner: pthread_mutex_lock() sleeps until the word is 0."""
+    attr = ctypes.create_string_buffer(64)
+    for call, *args in ((_libc.pthread_mutexattr_init, attr), (_libc.pthread_mutexattr_setpshared, attr, 1),
+                        (_libc.pthread_mutex_init, _mutex, attr)):
+        if call(*args) != 0:
+            raise OSError(0, f"{call.__name__} failed")
+    ctypes.c_int.from_buffer(_mutex).value = 1
+
+
+def _helper() -> int:
+    """Clone the helper (see the module's doc); its pid, or 0 if it could not
+    be made (the exec then tears down as usual)."""
+    top = (ctypes.addressof(_stack) + len(_stack)) & ~15
+    pid = _clone(ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p), top,
+                 _CLONE_VM | _CLONE_PARENT | _SIGCHLD, ctypes.addressof(_mutex))
+    return max(pid, 0)
 
 
 def _default_internal_signals() -> None:
@@ -107,8 +156,9 @@ def _launch(message: tuple) -> tuple:
 
 def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int,
            supervisor: int, reset: list[int]) -> None:
-    """Confine, (if pooled: wait for the request,) exec. Leaves by exec or
-    os._exit; a failure goes back as "stage:errno:message" on err_w."""
+    """Confine, (if pooled: say so on err_w, then wait for the request and
+    its error pipe,) exec. Leaves by exec or os._exit; a failure goes back as
+    "stage:errno:message" on err_w."""
     program, argv, env, cwd, umask, entry = launch
     stage = "signals"
     try:
@@ -138,22 +188,32 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
         prctl.set_pdeathsig(_signal.SIGKILL)
         if os.getppid() != supervisor:
             os._exit(1)
+        if handover >= 0 and not any(res == resource.RLIMIT_NPROC for res, _, _ in entry.rlimits):
+            stage = "helper"
+            helper = _helper()
+            if helper:
+                os.write(err_w, b"helper %d\n" % helper)
+                os.sched_setscheduler(helper, os.SCHED_BATCH, os.sched_param(0))
         stage = "confine"
         enter.restrict(entry, ruleset_fd)
         if handover >= 0:
             if ruleset_fd >= 0:
                 os.close(ruleset_fd)
+            os.write(err_w, b"ready\n")
+            os.close(err_w)
+            err_w = -1
             stage = "wait"
             data, ancillary, flags, _ = socket.socket(fileno=handover).recvmsg(
                 HANDOVER_MAX, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
             if not data:
                 os._exit(0)  # drained unused
             fds = _received_fds(ancillary, flags)
-            if len(fds) != 3:
-                raise OSError(0, f"expected 3 stdio fds, got {len(fds)}")
+            if len(fds) != 4:
+                raise OSError(0, f"expected stdio and an error pipe, got {len(fds)} fds")
+            *stdio, err_w = fds
             argv, env = marshal.loads(data)
             stage = "stdio"
-            for target, fd in enumerate(fds):
+            for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
         stage = "rlimits"
         enter.set_rlimits(entry)
@@ -187,11 +247,17 @@ class Zygote:
         self.reset = reset
         self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
         self.pools: dict[str, Pool] = {}
+        # pooled children not ready yet: their pipe -> (pool, generation, pid, hand-over, what they said)
+        self.starting: dict[int, tuple[str, int, int, socket.socket, bytearray]] = {}
 
     def serve(self) -> None:
         self._send(("ready", os.getpid()))
         while True:
-            self._handle()
+            for ready in select.select([self.channel, *self.starting], [], [])[0]:
+                if ready is self.channel:
+                    self._handle()
+                else:
+                    self._started(ready)
             # Pre-fork between requests, a request first whenever one waits.
             for name, pool in list(self.pools.items()):
                 while pool.wanted > 0 and not select.select([self.channel], [], [], 0)[0]:
@@ -243,13 +309,34 @@ class Zygote:
         except OSError as e:
             os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
             pool.wanted = 0  # the next refill tries again
+            ours.close()
             return
         finally:
             theirs.close()
+        self.starting[errpipe] = (name, pool.generation, pid, ours, bytearray())
+
+    def _started(self, pipe: int) -> None:
+        """A pooled child spoke: a helper made, ready, or why it failed (EOF)."""
+        name, generation, pid, ours, said = self.starting[pipe]
+        data = os.read(pipe, 4096)   # its writes are whole records (< PIPE_BUF)
+        said += data
+        helper, rest = 0, bytes(said)
+        if rest.startswith(b"helper "):
+            line, _, rest = rest.partition(b"\n")
+            helper = int(line[7:])
+        if data and rest != b"ready\n":
+            return  # more to come: an error is followed by EOF
+        del self.starting[pipe]
+        os.close(pipe)
         try:
-            self._send(("pooled", name, pool.generation, pid), [errpipe, ours.fileno()])
+            if data:
+                self._send(("pooled", name, generation, pid, helper), [ours.fileno()])
+            else:
+                why = rest.decode(errors="replace") or "it exited"
+                os.write(2, f"landlock-supervisor zygote: a pooled child for {name!r} failed: {why}\n"
+                         .encode(errors="replace"))
+                self._send(("pool_failed", name, generation, pid, helper, why))
         finally:
-            os.close(errpipe)
             ours.close()
 
     def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int) -> tuple[int, int]:
@@ -286,6 +373,7 @@ def main() -> None:
     if os.getppid() != supervisor:
         os._exit(1)
     _default_internal_signals()
+    _lock_helper_mutex()
     # It ends at EOF from the supervisor, or with it (PDEATHSIG): a stop
     # signal meant for the supervisor's children is not for the zygote.
     for sig in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM):

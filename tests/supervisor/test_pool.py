@@ -23,11 +23,21 @@ def _pooled(sv, name: str) -> int:
     return sv.client.stats()["pooled"].get(name, 0)
 
 
-def _waiting_children(sv) -> list[int]:
+def _others(sv) -> list[int]:
     """The supervisor's children that are neither its zygote nor a session."""
     stats = sv.client.stats()
     sessions = {c["pid"] for c in sv.client.list()["children"]}
     return [p for p in children_of(sv.pid) if p != stats["zygote"] and p not in sessions and alive(p)]
+
+
+def _waiting_children(sv) -> list[int]:
+    """Pooled children lead their own sessions; their helpers do not."""
+    return [p for p in _others(sv) if os.getsid(p) == p]
+
+
+def _helpers(sv) -> dict[int, int]:
+    """pooled child -> its helper."""
+    return {os.getsid(p): p for p in _others(sv) if os.getsid(p) != p}
 
 
 @pytest.fixture
@@ -82,10 +92,20 @@ def test_pool_waits_confined_and_bounded(pooled):
         with open(f"/proc/{pid}/status") as f:
             status = proc_status(f.read())
         assert status["NoNewPrivs"] == "1" and status["Uid"].split() == ["65534"] * 4
-        assert os.getsid(pid) == pid
+    # One helper each, sharing its memory: the user's, and cloned before the
+    # child confined itself (outside the domain its program will run in).
+    helpers = _helpers(sv)
+    assert sorted(helpers) == sorted(_waiting_children(sv)), (helpers, _waiting_children(sv))
+    for pid, helper in helpers.items():
+        with open(f"/proc/{helper}/status") as f:
+            status = proc_status(f.read())
+        assert status["NoNewPrivs"] == "0" and status["Uid"].split() == ["65534"] * 4
+        assert os.readlink(f"/proc/{helper}/exe") == os.readlink(f"/proc/{pid}/exe")
+        assert status["Tgid"] == str(helper)  # a process of its own, not a thread
     victim = _waiting_children(sv)[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_until(lambda: victim not in children_of(sv.pid), 5)
+    # Its helper goes with it (woken by the kernel at the child's exit).
+    assert wait_until(lambda: not {victim, helpers[victim]} & set(children_of(sv.pid)), 5)
     # The killed one is skipped; spawns go on.
     for _ in range(POOL + 1):
         assert run(sv.client, "psh", ["echo ok"]).text == "ok\n"
@@ -214,6 +234,33 @@ def test_oversized_environment_is_refused_clearly(lab):
     assert sv.client.ping()["pid"] == sv.pid
 
 
+@pytest.mark.timeout(30)
+def test_helper_goes_at_the_exec(lab, pooled):
+    """A helper holds its child's old address space, nothing else: once the
+    child has exec'd it exits and is reaped as the supervisor's own. A child
+    with an NPROC limit has none (it would count against that limit)."""
+    sv, _ = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: _pooled(sv, "psh") == POOL, 5)
+    helpers = _helpers(sv)
+    in_r, in_w = os.pipe()
+    with sv.client.spawn("psh", ["exec cat"], stdin=in_r, stdout=os.open(os.devnull, os.O_WRONLY)) as child:
+        os.close(in_r)
+        assert child.pid in helpers
+        assert wait_until(lambda: not alive(helpers[child.pid]), 5)
+        assert alive(child.pid)
+        os.close(in_w)
+        assert child.wait(5) == 0
+    lab.manifest("limited", command="/bin/true", pool=2, user=65534,
+                 sandbox={"profiles": ["system"], "rlimits": {"NPROC": 50}})
+    sv.signal(signal.SIGHUP)
+    assert wait_until(lambda: "reloaded" in sv.log(), 5)
+    assert run(sv.client, "limited").code == 0
+    assert wait_until(lambda: _pooled(sv, "limited") == 2, 5)
+    assert _helpers(sv) == {}
+    assert sv.client.stats()["reaped_orphans"] == 0
+
+
 def test_check_shows_the_pool(lab):
     import json
     import subprocess
@@ -235,7 +282,8 @@ def test_supervisor_killed_takes_zygote_and_pool(pooled):
     sv, _ = pooled
     run(sv.client, "psh", ["true"])
     assert wait_until(lambda: len(_waiting_children(sv)) == POOL, 5)
-    family = [sv.client.stats()["zygote"], *_waiting_children(sv)]
+    family = [sv.client.stats()["zygote"], *_waiting_children(sv), *_helpers(sv).values()]
+    assert len(family) == 1 + 2 * POOL
     sv.proc.kill()
     sv.proc.wait()
     sv.stopped = True
