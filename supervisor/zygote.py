@@ -87,6 +87,8 @@ _clone.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void
 # made here once; each child has its own copy of both.
 _mutex = ctypes.create_string_buffer(64)
 _stack = ctypes.create_string_buffer(16384)
+_STACK_TOP = (ctypes.addressof(_stack) + len(_stack)) & ~15
+_HELPER_RUNS = ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p)
 
 
 def _fork_for_parent() -> int:
@@ -116,9 +118,7 @@ def _lock_helper_mutex() -> None:
 def _helper() -> int:
     """Clone the helper (see the module's doc); its pid, or 0 if it could not
     be made (the exec then tears down as usual)."""
-    top = (ctypes.addressof(_stack) + len(_stack)) & ~15
-    pid = _clone(ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p), top,
-                 _CLONE_VM | _CLONE_PARENT | _SIGCHLD, ctypes.addressof(_mutex))
+    pid = _clone(_HELPER_RUNS, _STACK_TOP, _CLONE_VM | _CLONE_PARENT | _SIGCHLD, ctypes.addressof(_mutex))
     return max(pid, 0)
 
 
