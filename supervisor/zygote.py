@@ -25,10 +25,11 @@ pthread_mutex_lock() on a process-shared mutex whose lock word is the
 child's clear-tid word (CLONE_CHILD_CLEARTID). At the child's exec, or its
 exit, the kernel clears that word and wakes the helper, which returns and
 exits, dropping the old address space last. It runs no Python, holds none of
-the request's fds (it is cloned before they arrive), stays outside the
-child's Landlock domain (cloned before it), and is SCHED_BATCH, so the wake
-does not preempt the exec. No helper when the child has an NPROC limit: it
-would count against it.
+the request's fds (it is cloned before they arrive), is cloned before the
+child's new session, user change and Landlock domain (the target neither
+shares its process group nor can signal or trace it), and is SCHED_BATCH
+(under SCHED_OTHER), so the wake does not preempt the exec. No helper when the child has an
+NPROC limit: it would count against it.
 
 The channel is fd 3, a SOCK_SEQPACKET socket to the supervisor, which
 starts this module with `-I -S` and its import paths as arguments (see
@@ -89,6 +90,10 @@ _mutex = ctypes.create_string_buffer(64)
 _stack = ctypes.create_string_buffer(16384)
 _STACK_TOP = (ctypes.addressof(_stack) + len(_stack)) & ~15
 _HELPER_RUNS = ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p)
+# Woken by the exec, the helper must not preempt it: SCHED_BATCH does that
+# for SCHED_OTHER. A real-time zygote's helpers keep its policy (equal
+# priorities do not preempt), and a BATCH one would starve behind them.
+_HELPER_BATCH = os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 def _fork_for_parent() -> int:
@@ -164,8 +169,6 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
     try:
         for sig in reset:
             _signal.signal(sig, _signal.SIG_DFL)
-        stage = "setsid"
-        os.setsid()
         if stdio is not None:
             stage = "stdio"
             # Received fds are > 2 (fds 0-2 are always open here): no clobbering.
@@ -177,6 +180,19 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
             os.closerange(low, fd)
             low = fd + 1
         os.closerange(low, 0x7FFFFFFF)
+        if handover >= 0 and not any(res == resource.RLIMIT_NPROC for res, _, _ in entry.rlimits):
+            # Here: after the fd sweep (it holds nothing of ours), before the
+            # new session (it is not in the group killed when the target
+            # exits), the user change and the Landlock domain (the target
+            # can neither signal nor trace it).
+            stage = "helper"
+            helper = _helper()
+            if helper:
+                os.write(err_w, b"helper %d\n" % helper)
+                if _HELPER_BATCH:
+                    os.sched_setscheduler(helper, os.SCHED_BATCH, os.sched_param(0))
+        stage = "setsid"
+        os.setsid()
         stage = "privileges"
         enter.drop_privileges(entry)
         stage = "chdir"  # as the server's user: a directory it could not enter is an error
@@ -188,12 +204,6 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
         prctl.set_pdeathsig(_signal.SIGKILL)
         if os.getppid() != supervisor:
             os._exit(1)
-        if handover >= 0 and not any(res == resource.RLIMIT_NPROC for res, _, _ in entry.rlimits):
-            stage = "helper"
-            helper = _helper()
-            if helper:
-                os.write(err_w, b"helper %d\n" % helper)
-                os.sched_setscheduler(helper, os.SCHED_BATCH, os.sched_param(0))
         stage = "confine"
         enter.restrict(entry, ruleset_fd)
         if handover >= 0:

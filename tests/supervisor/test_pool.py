@@ -5,6 +5,7 @@ left ignored), be replaced when the rules or the manifests change, die
 with the supervisor, and never be mistaken for orphans or lost."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 
@@ -35,9 +36,17 @@ def _waiting_children(sv) -> list[int]:
     return [p for p in _others(sv) if os.getsid(p) == p]
 
 
+def _shares_memory(a: int, b: int) -> bool:
+    """kcmp(KCMP_VM): the same address space."""
+    kcmp = ctypes.CDLL(None, use_errno=True).syscall
+    return kcmp(ctypes.c_long(312), ctypes.c_int(a), ctypes.c_int(b), ctypes.c_int(1), 0, 0) == 0
+
+
 def _helpers(sv) -> dict[int, int]:
-    """pooled child -> its helper."""
-    return {os.getsid(p): p for p in _others(sv) if os.getsid(p) != p}
+    """pooled child -> its helper (a process sharing its memory)."""
+    waiting = _waiting_children(sv)
+    return {child: helper for helper in _others(sv) if helper not in waiting
+            for child in waiting if _shares_memory(child, helper)}
 
 
 @pytest.fixture
@@ -92,16 +101,18 @@ def test_pool_waits_confined_and_bounded(pooled):
         with open(f"/proc/{pid}/status") as f:
             status = proc_status(f.read())
         assert status["NoNewPrivs"] == "1" and status["Uid"].split() == ["65534"] * 4
-    # One helper each, sharing its memory: the user's, and cloned before the
-    # child confined itself (outside the domain its program will run in).
+    # One helper each, sharing its memory, cloned before the child left the
+    # zygote's session and user and entered its domain: out of reach of the
+    # program the child will become.
     helpers = _helpers(sv)
     assert sorted(helpers) == sorted(_waiting_children(sv)), (helpers, _waiting_children(sv))
+    zygote = sv.client.stats()["zygote"]
     for pid, helper in helpers.items():
         with open(f"/proc/{helper}/status") as f:
             status = proc_status(f.read())
-        assert status["NoNewPrivs"] == "0" and status["Uid"].split() == ["65534"] * 4
-        assert os.readlink(f"/proc/{helper}/exe") == os.readlink(f"/proc/{pid}/exe")
+        assert status["NoNewPrivs"] == "0" and status["Uid"].split() == ["0"] * 4
         assert status["Tgid"] == str(helper)  # a process of its own, not a thread
+        assert os.getsid(helper) == os.getpgid(helper) == zygote
     victim = _waiting_children(sv)[0]
     os.kill(victim, signal.SIGKILL)
     # Its helper goes with it (woken by the kernel at the child's exit).
