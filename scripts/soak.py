@@ -189,11 +189,13 @@ def tagged(tag: str) -> list[int]:
     return out
 
 
-def idle_fds(pid: int, timeout: float = 10) -> int:
-    """The supervisor's fd count once no client connection is open. Ruleset
-    fds are a bounded cache that SIGHUP empties: not counted."""
+def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
+    """The supervisor's fd count once no client connection is open: its
+    listener and its zygote's channel. Ruleset fds and the pools' hand-over
+    sockets are bounded caches that SIGHUP empties: not counted."""
     deadline = time.monotonic() + timeout
     while True:
+        pooled = sum(client.stats()["pooled"].values())
         targets = []
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
@@ -202,10 +204,12 @@ def idle_fds(pid: int, timeout: float = 10) -> int:
                     targets.append(target)
             except OSError:
                 pass
-        if sum(t.startswith("socket:") for t in targets) <= 1 and not any("pidfd" in t for t in targets):
-            return len(targets)
+        settled = pooled == sum(client.stats()["pooled"].values())
+        if settled and sum(t.startswith("socket:") for t in targets) <= 2 + pooled \
+                and not any("pidfd" in t for t in targets):
+            return len(targets) - pooled
         if time.monotonic() > deadline:
-            return len(targets)
+            return len(targets) - pooled
         time.sleep(0.05)
 
 
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.close(null)
         wait_for(lambda: client.stats()["children"] == 0, 10)
         before = client.stats()
-        fds_before = idle_fds(pid) if pid else None
+        fds_before = idle_fds(pid, client) if pid else None
 
         started = time.monotonic()
         deadline = started + args.max_seconds
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 codes[k] = codes.get(k, 0) + v
         drained = wait_for(lambda: client.stats()["children"] == 0, args.grace + 10)
         after = client.stats()
-        fds_after = idle_fds(pid) if pid else None
+        fds_after = idle_fds(pid, client) if pid else None
         zombies = [c for c, st in proc_children(pid) if st == "Z"] if pid else []
         # A session's stubborn grandchildren get their KILL a grace after it ended.
         if not args.socket:
