@@ -159,7 +159,7 @@ def _launch(message: tuple) -> tuple:
     return (*rest, enter.Entry(*entry))
 
 
-def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int,
+def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int, helper: bool,
            supervisor: int, reset: list[int]) -> None:
     """Confine, (if pooled: say so on err_w, then wait for the request and
     its error pipe,) exec. Leaves by exec or os._exit; a failure goes back as
@@ -180,17 +180,17 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
             os.closerange(low, fd)
             low = fd + 1
         os.closerange(low, 0x7FFFFFFF)
-        if handover >= 0 and not any(res == resource.RLIMIT_NPROC for res, _, _ in entry.rlimits):
+        if helper:
             # Here: after the fd sweep (it holds nothing of ours), before the
             # new session (it is not in the group killed when the target
             # exits), the user change and the Landlock domain (the target
             # can neither signal nor trace it).
             stage = "helper"
-            helper = _helper()
-            if helper:
-                os.write(err_w, b"helper %d\n" % helper)
+            pid = _helper()
+            if pid:
+                os.write(err_w, b"helper %d\n" % pid)
                 if _HELPER_BATCH:
-                    os.sched_setscheduler(helper, os.SCHED_BATCH, os.sched_param(0))
+                    os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
         stage = "setsid"
         os.setsid()
         stage = "privileges"
@@ -244,6 +244,8 @@ class Pool:
     def __init__(self, generation: int, size: int, launch: tuple, ruleset_fd: int) -> None:
         self.generation, self.launch, self.ruleset_fd = generation, launch, ruleset_fd
         self.wanted = size   # children to fork for it
+        # A helper would count against an NPROC limit (see the module's doc).
+        self.helper = not any(res == resource.RLIMIT_NPROC for res, _, _ in launch[-1].rlimits)
 
     def close(self) -> None:
         if self.ruleset_fd >= 0:
@@ -302,7 +304,7 @@ class Zygote:
 
     def _spawn(self, launch: tuple, fds: list[int]) -> None:
         try:
-            pid, errpipe = self._fork(launch, fds[:3], fds[3] if len(fds) > 3 else -1, -1)
+            pid, errpipe = self._fork(launch, fds[:3], fds[3] if len(fds) > 3 else -1, -1, False)
         except OSError as e:
             self._send(("fork_failed", e.errno or 0, e.strerror or str(e)))
         else:
@@ -315,7 +317,7 @@ class Zygote:
     def _prefork(self, name: str, pool: Pool) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno())
+            pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno(), pool.helper)
         except OSError as e:
             os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
             pool.wanted = 0  # the next refill tries again
@@ -349,7 +351,8 @@ class Zygote:
         finally:
             ours.close()
 
-    def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int) -> tuple[int, int]:
+    def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int,
+              helper: bool) -> tuple[int, int]:
         if enter.thread_count(self.stat_fd) != 1:
             raise OSError(0, "the zygote has more than one thread: refusing to fork")
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -364,7 +367,7 @@ class Zygote:
             os.close(w)
             raise
         if pid == 0:
-            _child(launch, stdio, ruleset_fd, w, handover, self.supervisor, self.reset)
+            _child(launch, stdio, ruleset_fd, w, handover, helper, self.supervisor, self.reset)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         os.close(w)
         return pid, r
