@@ -269,9 +269,9 @@ class Zygote:
         self.channel.sendmsg([marshal.dumps(message)], protocol.rights(fds))
 
     def close(self) -> None:
-        """Close the channel: at its EOF the zygote exits (if it has not died
-        already), and the pooled children at theirs; the next spawn starts
-        another zygote."""
+        """Close the channel and kill the zygote (unless it was reaped
+        already); the pooled children exit at EOF on their hand-over sockets;
+        the next spawn starts another zygote."""
         if self.channel is not None:
             try:
                 # The zygote may have died with pooled children announced

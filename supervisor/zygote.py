@@ -78,6 +78,7 @@ _CLONE_PARENT = 0x00008000
 _CLONE_CHILD_CLEARTID = 0x00200000
 _SIGCHLD = 17
 _RT_SIGACTION_NR = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "armv7l": 174, "i686": 174}
+_MACHINE = os.uname().machine
 # PyDLL: the call keeps the GIL, so the child comes back holding it, as after os.fork.
 _syscall = ctypes.PyDLL(None, use_errno=True).syscall
 _syscall.restype = ctypes.c_long
@@ -90,6 +91,10 @@ _mutex = ctypes.create_string_buffer(64)
 _stack = ctypes.create_string_buffer(16384)
 _STACK_TOP = (ctypes.addressof(_stack) + len(_stack)) & ~15
 _HELPER_RUNS = ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p)
+# The same for every fork: built once.
+_CLONE_ARGS = [ctypes.c_long(_CLONE_NR[_MACHINE]),
+               ctypes.c_ulong(_CLONE_PARENT | _CLONE_CHILD_CLEARTID | _SIGCHLD), None, None, None, None]
+_CLONE_ARGS[4 if _MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(_mutex))
 # Woken by the exec, the helper must not preempt it: SCHED_BATCH does that
 # for SCHED_OTHER. A real-time zygote's helpers keep its policy (equal
 # priorities do not preempt), and a BATCH one would starve behind them.
@@ -100,9 +105,7 @@ def _fork_for_parent() -> int:
     """fork(), the child being our parent's, its clear-tid word the helper's
     lock. No Python at-fork hooks run: the zygote is single-threaded and
     imports nothing that registers one."""
-    args = [ctypes.c_ulong(_CLONE_PARENT | _CLONE_CHILD_CLEARTID | _SIGCHLD), None, None, None, None]
-    args[3 if os.uname().machine == "x86_64" else 4] = ctypes.c_void_p(ctypes.addressof(_mutex))
-    pid = _syscall(ctypes.c_long(_CLONE_NR[os.uname().machine]), *args)
+    pid = _syscall(*_CLONE_ARGS)
     if pid < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -134,7 +137,7 @@ def _default_internal_signals() -> None:
     it. glibc's sigaction refuses those two: the raw system call."""
     default = (ctypes.c_ulong * 4)()  # struct sigaction with sa_handler = SIG_DFL
     for sig in (32, 33):
-        if _syscall(ctypes.c_long(_RT_SIGACTION_NR[os.uname().machine]), ctypes.c_long(sig),
+        if _syscall(ctypes.c_long(_RT_SIGACTION_NR[_MACHINE]), ctypes.c_long(sig),
                     ctypes.byref(default), None, ctypes.c_size_t(8)) < 0:
             raise OSError(ctypes.get_errno(), f"rt_sigaction({sig})")
 
