@@ -923,13 +923,16 @@ def main() -> int:
         rounds = 5 if args.quick else 10
         phases: dict[str, list[Method]] = {}
 
+        def floor_and_forkserver(t: str, suffix: str, floor_label: str, forkserver_label: str) -> list[Method]:
+            """The two fast methods every phase compares, for target t."""
+            return [Method(f"floor{suffix}:{t}", floor_label, bench.m_floor(t), n_fast, budget_fast),
+                    Method(f"forkserver{suffix}:{t}", forkserver_label, bench.m_forkserver(t), n_fast, budget_fast)]
+
         if "latency" in sections:
             methods = []
             for t in ("true", "cat"):
-                methods.append(Method(f"floor:{t}", "1 floor: posix_spawn + waitpid, unconfined",
-                                      bench.m_floor(t), n_fast, budget_fast))
-                methods.append(Method(f"forkserver:{t}", "2 fork-server: Client.spawn + wait, confined",
-                                      bench.m_forkserver(t), n_fast, budget_fast))
+                methods += floor_and_forkserver(t, "", "1 floor: posix_spawn + waitpid, unconfined",
+                                                "2 fork-server: Client.spawn + wait, confined")
                 if not args.no_peers:
                     n, b = counts(args.quick, False, 40.0)
                     methods.append(Method(f"landlock_exec:{t}", "5 re-exec wrapper: landlock-exec, same spec",
@@ -1041,10 +1044,8 @@ def main() -> int:
                                  "sleeping_threads": args.threads, "busy_threads": args.busy_threads}
             methods = []
             for t in ("true", "cat"):
-                methods.append(Method(f"floor_big:{t}", "1 floor, from the 1 GiB client",
-                                      bench.m_floor(t), n_fast, budget_fast))
-                methods.append(Method(f"forkserver_big:{t}", "3 fork-server, from the 1 GiB client",
-                                      bench.m_forkserver(t), n_fast, budget_fast))
+                methods += floor_and_forkserver(t, "_big", "1 floor, from the 1 GiB client",
+                                                "3 fork-server, from the 1 GiB client")
                 n, b = counts(args.quick, False, 30.0)
                 methods.append(Method(f"preexec_big:{t}", "4 Popen(preexec_fn=landlock.apply), 1 GiB client",
                                       bench.m_preexec(t), min(n, 1000), b))
