@@ -136,6 +136,15 @@ def attack(client: Any, manifest: str, ops: Sequence[Sequence[Any]], *, stdin: i
 
 # ---- docs/security.md: the tables the tests hold it to ---------------------------------------
 
+def case(case_id: str):
+    """Names a catalogue case: docs/security.md has a row per id (test_docs.py),
+    and a case that skips on a kernel with Landlock fails the run (conftest.py)."""
+    def deco(fn):
+        fn.case_id = case_id
+        return fn
+    return deco
+
+
 DOC = REPO / "docs" / "security.md"
 _ROW = re.compile(r"^\|\s*`([a-z0-9][a-z0-9-]*)`\s*\|\s*(allowed|denied)\s*\|(.*)$")
 

@@ -19,17 +19,10 @@ from typing import Any
 
 import pytest
 
-from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack
+from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case
 from svhelpers import alive, wait_until
 
 pytestmark = pytest.mark.enforcement
-
-def case(case_id: str):
-    """Names a catalogue case: docs/security.md has a row per id (test_docs.py)."""
-    def deco(fn):
-        fn.case_id = case_id
-        return fn
-    return deco
 
 
 def _errnos(outcome: Outcome) -> list[str | None]:

@@ -38,7 +38,7 @@ def _mptcp_enabled() -> bool:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.skipif(not _mptcp_enabled(), reason="MPTCP is off here (net.mptcp.enabled)")
+@pytest.mark.skipif(not _mptcp_enabled(), reason="machine setting: MPTCP is off here (net.mptcp.enabled)")
 def test_mptcp_passes_the_tcp_rules(fresh, ident):
     """socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP) connects to and binds
     ports the manifest does not list: the TCP rights cover TCP sockets only
@@ -139,7 +139,7 @@ def test_user_namespaces(fresh, ident):
     attack surface, not an escape."""
     o = fresh.attack(ident, [["unshare_userns"], ["mount_tmpfs", fresh.rw(ident)]])
     if not o[0]["ok"] and _sysctl("user/max_user_namespaces") == "0":
-        pytest.skip("user namespaces are off here (user.max_user_namespaces=0)")
+        pytest.skip("machine setting: user namespaces are off here (user.max_user_namespaces=0)")
     assert o.errname(1) == "EPERM", o
     check_limit("userns", o[0]["ok"])
 
