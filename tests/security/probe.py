@@ -136,6 +136,41 @@ def op_setxattr(path):
     os.setxattr(path, "user.llsv", b"x")
 
 
+def op_getxattr(path, name):
+    return os.getxattr(path, name).decode(errors="replace")
+
+
+def op_inotify_names(directory, seconds):
+    """Watch a directory for created files; the names seen within `seconds`."""
+    import select
+    import struct
+    c = libc()
+    fd = c.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        _oserror("inotify_init1")
+    try:
+        if c.inotify_add_watch(fd, directory.encode(), 0x100) < 0:  # IN_CREATE
+            _oserror("inotify_add_watch")
+        names, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+                continue
+            data = os.read(fd, 65536)
+            while data:
+                _, _, _, length = struct.unpack("iIII", data[:16])
+                names.append(data[16:16 + length].rstrip(b"\0").decode(errors="replace"))
+                data = data[16 + length:]
+        return names
+    finally:
+        os.close(fd)
+
+
+def op_fd_write_read(fd, text):
+    """Write to an inherited fd, then read it back from the start."""
+    os.pwrite(fd, text.encode(), 0)
+    return os.pread(fd, 4096, 0).decode(errors="replace")
+
+
 def op_stat(path):
     st = os.stat(path)
     return {"mode": oct(st.st_mode), "uid": st.st_uid, "size": st.st_size}

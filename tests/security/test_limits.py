@@ -16,6 +16,7 @@ import pty
 import socket
 import struct
 import termios
+import threading
 
 import pytest
 
@@ -168,3 +169,60 @@ def test_root_ignores_nproc(arena):
     o = attack(arena.sv.client, root.manifest, [["fork_bomb", 24, 0.5]], narrow={"rlimits": {"NPROC": 8}})
     v = o[0]["value"]
     check_limit("nproc-root", v["forked"] == 24 and v["failure"] is None)
+
+
+@pytest.mark.timeout(30)
+def test_xattr_values_outside_the_grants(fresh, ident):
+    """getxattr is no access Landlock handles: the values of extended
+    attributes of a file outside every grant read (DAC permitting)."""
+    secret = fresh.root / "secret" / "secret"
+    os.setxattr(secret, "user.llsv_secret", b"xattr secret")
+    try:
+        o = fresh.attack(ident, [["read", str(secret)], ["getxattr", str(secret), "user.llsv_secret"]])
+    finally:
+        os.removexattr(secret, "user.llsv_secret")
+    assert o.errname(0) == "EACCES", o
+    check_limit("xattr-read", o[1]["ok"] and o[1]["value"] == "xattr secret")
+
+
+@pytest.mark.timeout(30)
+def test_inotify_names_outside_the_grants(fresh, ident):
+    """inotify_add_watch is no open: a child watches a directory outside
+    every grant and learns the names created there."""
+    secret_dir = fresh.root / "secret"
+    stop = threading.Event()
+
+    def create() -> None:
+        n = 0
+        while not stop.wait(0.05):
+            path = secret_dir / f"created-{n}"
+            path.write_text("x")
+            path.unlink()
+            n += 1
+    t = threading.Thread(target=create)
+    t.start()
+    try:
+        o = fresh.attack(ident, [["inotify_names", str(secret_dir), 1.0], ["read", str(secret_dir / "secret")]])
+    finally:
+        stop.set()
+        t.join()
+    assert o.errname(1) == "EACCES", o
+    check_limit("inotify-names", o[0]["ok"] and any(n.startswith("created-") for n in o[0]["value"]))
+
+
+@pytest.mark.timeout(30)
+def test_client_fd_keeps_its_access(fresh, ident):
+    """An fd the client passes (here a read-write fd on a file outside every
+    grant, as stdin) keeps the access it was opened with: Landlock checks
+    at open(), and this open was the client's."""
+    path = fresh.root / "secret" / "passed"
+    path.write_text("client data\n")
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        o = fresh.attack(ident, [["fd_write_read", 0, "overwritten"], ["read", str(path)]], stdin=fd)
+    finally:
+        os.close(fd)
+        content = path.read_text()
+        path.unlink()
+    assert o.errname(1) == "EACCES", o
+    check_limit("client-fd-access", o[0]["ok"] and content.startswith("overwritten"))
