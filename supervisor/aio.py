@@ -105,7 +105,7 @@ class AsyncClient:
     def __init__(self, socket_path: str | None = None, *,
                  connect: Callable[[], socket.socket] | None = None) -> None:
         if connect is None:
-            from .server import default_socket_path
+            from .paths import default_socket_path
             path = socket_path or default_socket_path()
             connect = lambda: _connect_path(path)  # noqa: E731
         self._connect = connect

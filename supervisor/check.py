@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         for name, fn in profiles.PROFILES.items():
             print(f"{name}: {fn.__doc__}")
         return 0
-    from .server import default_state_root
+    from .paths import default_state_root
     state_root = args.state_root or default_state_root()
     try:
         found = list(load_all(args.manifests, state_root=state_root).values()) if args.manifests else []

@@ -16,8 +16,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="landlock-supervisor",
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
-    p.add_argument("--socket", metavar="PATH", help="default: $LANDLOCK_SUPERVISOR_SOCKET, "
-                   "$XDG_RUNTIME_DIR/landlock-supervisor/socket, or /run/landlock-supervisor/socket as root")
+    socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
+                   "as root, else landlock-supervisor/socket in $XDG_RUNTIME_DIR or /run/user/UID")
+    p.add_argument("--socket", metavar="PATH", help=socket_help)
     sub = p.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the fork-server")
@@ -48,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true")
     check.add_argument("--profiles", action="store_true", help="list the built-in profiles")
     check.add_argument("manifest", nargs="*", help="manifest files (or use --manifests)")
+    for parser in sub.choices.values():
+        parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
     return p
 
 
@@ -64,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         from .check import main as check_main
         return check_main(args)
     from . import client as clients
+    from .paths import NoDefaultSocket
     try:
         if args.command == "run":
             return _run(args)
         reply = getattr(clients.Client(args.socket), args.command)()
+    except NoDefaultSocket as e:
+        return _fail(EXIT_USAGE, str(e))
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
@@ -78,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
     import grp
 
     from .manifest import ManifestError
-    from .server import Config, Limits, Supervisor, default_state_root
+    from .paths import NoDefaultSocket, default_socket_path, default_state_root
+    from .server import Config, Limits, Supervisor
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
@@ -88,7 +95,13 @@ def _serve(args: argparse.Namespace) -> int:
         listen_fd = 3  # SD_LISTEN_FDS_START
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(var, None)
-    config = Config(manifest_paths=args.manifests, socket_path=args.socket, listen_fd=listen_fd,
+    socket_path = args.socket
+    if socket_path is None and listen_fd is None and args.control_fd is None:
+        try:
+            socket_path = default_socket_path()
+        except NoDefaultSocket as e:
+            return _fail(EXIT_USAGE, str(e))
+    config = Config(manifest_paths=args.manifests, socket_path=socket_path, listen_fd=listen_fd,
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
                     state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace))
     try:
@@ -99,13 +112,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _client_for(args: argparse.Namespace) -> Any:
+    """--manifests: exactly those, in a private supervisor (never a running
+    daemon's manifest of the same name, whose policy may differ; no socket
+    involved, so a stale one cannot block it). Otherwise the daemon."""
     from . import client as clients
-    from .server import default_socket_path
-    path = args.socket or default_socket_path()
-    if args.manifests and not os.path.exists(path):
+    if args.manifests:
         from .private import start
         return start(args.manifests, state_root=args.state_root)
-    return clients.Client(path)
+    return clients.Client(args.socket)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -121,7 +135,14 @@ def _run(args: argparse.Namespace) -> int:
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     for sig in forwarded:
         signal.signal(sig, lambda *_: None)
-    client = _client_for(args)
+    from .private import PrivateStartFailed
+    if args.manifests and args.socket:
+        return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
+    try:
+        client = _client_for(args)
+    except PrivateStartFailed as e:
+        # Its own line (a manifest error, say) is already on stderr; its status says which kind.
+        return _fail(EXIT_USAGE if e.status == EXIT_USAGE else 1, str(e))
     try:
         try:
             child = client.spawn(args.name, extra, stdin=0, stdout=1, stderr=2, env=env)

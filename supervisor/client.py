@@ -213,7 +213,7 @@ class Client:
     def __init__(self, socket_path: str | None = None, *,
                  connect: Callable[[], socket.socket] | None = None) -> None:
         if connect is None:
-            from .server import default_socket_path
+            from .paths import default_socket_path
             path = socket_path or default_socket_path()
             connect = lambda: _connect_path(path)  # noqa: E731
             self.socket_path: str | None = path

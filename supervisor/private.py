@@ -17,6 +17,14 @@ from .client import Client
 _CONTROL_FD = 3
 
 
+class PrivateStartFailed(RuntimeError):
+    """The private supervisor exited at start (it said why on stderr)."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class PrivateClient(Client):
     """A Client whose every connection is a new socketpair handed over the control channel."""
 
@@ -93,6 +101,6 @@ def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
     try:
         client.ping()
     except (OSError, TimeoutError) as e:
-        client.close()
-        raise RuntimeError(f"the private supervisor did not start: {e}") from None
+        status = client.close()
+        raise PrivateStartFailed(f"the private supervisor did not start ({e}): see above", status) from None
     return client

@@ -24,6 +24,7 @@ import landlock
 
 from . import manifest as manifests
 from . import peers, protocol, reap, spawn
+from .paths import default_socket_path
 from .manifest import Manifest, ManifestError
 
 # What a root supervisor keeps in its bounding set: users and groups to
@@ -88,25 +89,6 @@ def log(message: str) -> None:
         os.write(2, f"landlock-supervisor[{os.getpid()}]: {message}\n".encode(errors="replace"))
     except OSError:
         pass
-
-
-def default_socket_path() -> str:
-    env = os.environ.get("LANDLOCK_SUPERVISOR_SOCKET")
-    if env:
-        return env
-    if os.geteuid() == 0:
-        return "/run/landlock-supervisor/socket"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if not runtime:
-        raise SystemExit("landlock-supervisor: XDG_RUNTIME_DIR is not set: give --socket PATH")
-    return os.path.join(runtime, "landlock-supervisor", "socket")
-
-
-def default_state_root() -> str:
-    if os.geteuid() == 0:
-        return "/var/lib/landlock-supervisor"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "landlock-supervisor")
 
 
 class Supervisor:

@@ -139,7 +139,7 @@ def runner(request, lab):
     if request.param == "daemon":
         svr = lab.start()
         return ["--socket", str(svr.socket_path), "run"]
-    return ["--socket", str(lab.dir / "nonexistent" / "socket"), "run", "--manifests", str(lab.manifest_dir)]
+    return ["run", "--manifests", str(lab.manifest_dir)]
 
 
 @pytest.mark.timeout(30)
