@@ -69,15 +69,15 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
     creds = privileges.resolve(spec.user, spec.group)
     if creds is not None and os.geteuid() != 0 and (creds.uid, creds.gid) != (os.getuid(), os.getgid()):
         raise SpecError(f"user: switching to {spec.user!r} needs root")
-    drop_caps = creds is None and not spec.keep_capabilities
+    # Root without its capabilities, whether it stays root or switches to
+    # uid 0 (`user: root`): a uid switch to 0 keeps every capability.
+    uid = os.getuid() if creds is None else creds.uid
+    drop_caps = (creds is None or creds.uid == 0) and not spec.keep_capabilities
     plan = rlimits.plan(spec.rlimits, report)
     report.no_new_privs = True
     report.enforced = ruleset.fd >= 0
-    report.capabilities_dropped = drop_caps or (creds is not None and creds.uid != 0)
-    if creds is not None:
-        report.uid, report.gid = creds.uid, creds.gid
-    else:
-        report.uid, report.gid = os.getuid(), os.getgid()
+    report.capabilities_dropped = drop_caps or uid != 0
+    report.uid, report.gid = uid, os.getgid() if creds is None else creds.gid
     entry = enter.Entry(
         credentials=None if creds is None else (creds.uid, creds.gid, creds.groups),
         drop_capabilities=privileges.bounding_set() if drop_caps else None,

@@ -77,9 +77,11 @@ def drop_capabilities(bounding: tuple[int, ...], lock_securebits: bool) -> None:
 
 
 def drop_privileges(entry: Entry) -> None:
+    """Switch credentials, then drop capabilities: both for a switch to uid 0,
+    which keeps them all (setgroups and setgid need them first)."""
     if entry.credentials is not None:
         switch_user(*entry.credentials)
-    elif entry.drop_capabilities is not None:
+    if entry.drop_capabilities is not None:
         drop_capabilities(entry.drop_capabilities, entry.lock_securebits)
 
 
