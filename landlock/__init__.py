@@ -9,7 +9,7 @@ import importlib
 _EXPORTS = {
     "enforce": ("Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",
                 "EXIT_USAGE", "NotSingleThreaded", "apply", "exec_confined", "prepare"),
-    "support": ("Support", "abi_version", "available", "probe"),
+    "support": ("Support", "abi_version", "available", "keyrings_available", "probe"),
     "report": ("Report",),
     "rights": ("LATEST_ABI",),
     "ruleset": ("LandlockUnavailable", "Ruleset", "build"),

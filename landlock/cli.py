@@ -61,10 +61,14 @@ def _parser() -> argparse.ArgumentParser:
       help="resource limit: NOFILE=1024, DATA=2GiB, CPU=60, or NAME=SOFT:HARD")
     a("--landlock-log", action="append", default=[], choices=sorted(LOG_FLAGS),
       help="audit log flags (ABI 7)")
-    a("--user", metavar="USER[:GROUP]", help="as root: run as this user")
     a("--keep-capabilities", action="store_true", help="as root: keep capabilities")
     a("--keep-session", action="store_true",
       help="stay in the terminal's session (allows TIOCSTI injection into it)")
+    a("--allow-terminal", action="store_true",
+      help="accept a terminal on stdio that no other session holds (a pty nobody made controlling): "
+           "the command can adopt it and inject input into it (TIOCSCTTY, TIOCSTI)")
+    a("--user", metavar="USER[:GROUP]", help="as root: run as this user (without it, as root with "
+      "every capability dropped, which can still chmod root's files: see docs/security.md)")
     a("--lax-paths", action="store_true", help="skip missing paths instead of failing")
     a("--max-abi", type=int, metavar="N", help="use at most Landlock ABI N (testing)")
     a("--report", action="store_true", help="print the Report as JSON to stderr before exec")
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if args.log_level == "debug":
         print(f"landlock-exec: spec {spec.to_json()}", file=sys.stderr)
     enforce.exec_confined(spec, command, env, new_session=not args.keep_session,
-                          print_report=args.report or args.log_level != "error")
+                          print_report=args.report or args.log_level != "error",
+                          allow_terminal=args.allow_terminal)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from .enter import thread_count
 from .report import Report
 from .ruleset import LandlockUnavailable, Ruleset, build
 from .spec import Spec, SpecError
+from .support import keyrings_available
 
 # The seed's exit codes.
 EXIT_USAGE = 2
@@ -53,7 +54,8 @@ class Confinement:
         return self.report.to_dict()
 
     def enter(self) -> None:
-        """Privileges, rlimits, no_new_privs, then the Landlock domain."""
+        """A session keyring, privileges, rlimits, no_new_privs, then the Landlock domain."""
+        enter.join_session_keyring()
         enter.drop_privileges(self.entry)
         enter.set_rlimits(self.entry)
         enter.restrict(self.entry, self.ruleset.fd)
@@ -69,15 +71,16 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
     creds = privileges.resolve(spec.user, spec.group)
     if creds is not None and os.geteuid() != 0 and (creds.uid, creds.gid) != (os.getuid(), os.getgid()):
         raise SpecError(f"user: switching to {spec.user!r} needs root")
-    drop_caps = creds is None and not spec.keep_capabilities
+    # Root without its capabilities, whether it stays root or switches to
+    # uid 0 (`user: root`): a uid switch to 0 keeps every capability.
+    uid = os.getuid() if creds is None else creds.uid
+    drop_caps = (creds is None or creds.uid == 0) and not spec.keep_capabilities
     plan = rlimits.plan(spec.rlimits, report)
     report.no_new_privs = True
+    report.session_keyring = keyrings_available()
     report.enforced = ruleset.fd >= 0
-    report.capabilities_dropped = drop_caps or (creds is not None and creds.uid != 0)
-    if creds is not None:
-        report.uid, report.gid = creds.uid, creds.gid
-    else:
-        report.uid, report.gid = os.getuid(), os.getgid()
+    report.capabilities_dropped = drop_caps or uid != 0
+    report.uid, report.gid = uid, os.getgid() if creds is None else creds.gid
     entry = enter.Entry(
         credentials=None if creds is None else (creds.uid, creds.gid, creds.groups),
         drop_capabilities=privileges.bounding_set() if drop_caps else None,
@@ -135,14 +138,63 @@ def detach_terminal() -> bool:
     return True  # none of them is our controlling terminal: nothing to inject into
 
 
+def _legacy_tiocsti() -> bool:
+    """Whether TIOCSTI works without CAP_SYS_ADMIN (always before Linux 6.2)."""
+    try:
+        with open("/proc/sys/dev/tty/legacy_tiocsti", "rb") as f:
+            return f.read().strip() != b"0"
+    except OSError:
+        return True
+
+
+def adoptable_terminals() -> list[int]:
+    """The stdio fds whose terminal a new session leader could make its
+    controlling terminal (TIOCSCTTY) and then inject input into (TIOCSTI).
+
+    Safe: this session's controlling terminal when this process does not
+    lead the session: the leader holds it after this process leaves, and the
+    kernel refuses TIOCSCTTY on a terminal another session holds. Anything
+    else (a pty nobody made controlling, ours while we lead) is adoptable.
+    Call before detach_terminal()."""
+    if not _legacy_tiocsti():
+        return []
+    out = []
+    for fd in (0, 1, 2):
+        if not os.isatty(fd):
+            continue
+        try:
+            held = syscalls.tcgetsid(fd) == os.getsid(0) != os.getpid()
+        except OSError:  # ENOTTY: not our controlling terminal
+            held = False
+        if not held:
+            out.append(fd)
+    return out
+
+
+ROOT_WARNING = ("landlock-exec: the command runs as root without capabilities (no --user): it can still "
+                "chmod and chown files root owns outside the grants (make a copy of a shell set-uid root), "
+                "so a compromised command can make any local user root; give --user to run it as another user")
+
+
+def _root_warning(spec: Spec, report: Report) -> str | None:
+    if report.uid != 0 or spec.keep_capabilities:
+        return None
+    return ROOT_WARNING
+
+
 def _fail(code: int, message: str) -> NoReturn:
     print(f"landlock-exec: {message}", file=sys.stderr, flush=True)
     os._exit(code)
 
 
 def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
-                  new_session: bool = True, print_report: bool = False) -> NoReturn:
+                  new_session: bool = True, print_report: bool = False,
+                  allow_terminal: bool = False) -> NoReturn:
     """The seed's RunChild: confine this process, then exec argv.
+
+    Also, as a supervisor's child gets them: a session keyring of its own,
+    no real-time scheduling, and (new_session) no terminal it could adopt,
+    unless allow_terminal.
 
     Exit codes: 2 bad invocation or spec, 3 confinement unavailable while
     fail-closed, 4 not single-threaded, 126 exec failed, 127 not found.
@@ -153,7 +205,14 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
     if program is None:
         _fail(EXIT_NOT_FOUND, f"{argv[0]}: command not found on PATH")
     stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    if new_session and not allow_terminal:
+        adoptable = adoptable_terminals()
+        if adoptable:
+            _fail(EXIT_USAGE, f"fd {', '.join(map(str, adoptable))}: a terminal no other session holds "
+                  "once this one leaves it: the command could make it its controlling terminal and inject "
+                  "input into it (TIOCSCTTY, TIOCSTI); pass pipes, or give --allow-terminal to accept that")
     try:
+        enter.reset_scheduling()
         if new_session:
             detach_terminal()
         report = apply(spec)
@@ -165,6 +224,9 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
         _fail(EXIT_THREADS, str(e))
     except OSError as e:
         _fail(EXIT_UNAVAILABLE, f"confinement failed: {e}")
+    warning = _root_warning(spec, report)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if print_report:
         print(json.dumps(report.to_dict(), sort_keys=True), file=sys.stderr, flush=True)
     elif report.abi == -1:

@@ -77,9 +77,11 @@ def drop_capabilities(bounding: tuple[int, ...], lock_securebits: bool) -> None:
 
 
 def drop_privileges(entry: Entry) -> None:
+    """Switch credentials, then drop capabilities: both for a switch to uid 0,
+    which keeps them all (setgroups and setgid need them first)."""
     if entry.credentials is not None:
         switch_user(*entry.credentials)
-    elif entry.drop_capabilities is not None:
+    if entry.drop_capabilities is not None:
         drop_capabilities(entry.drop_capabilities, entry.lock_securebits)
 
 
@@ -94,3 +96,52 @@ def set_rlimits(entry: Entry) -> None:
     """Last before exec: a memory limit can break the Python that sets it."""
     for res, soft, hard in entry.rlimits:
         resource.setrlimit(res, (soft, hard))
+
+
+# No keyrings in the kernel (CONFIG_KEYS=n), or a sandbox (gVisor) without them.
+NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+def join_session_keyring() -> None:
+    """A new anonymous session keyring: the keys of the caller's session
+    (the supervisor's, a login's) out of reach, and none planted for the
+    next child. Before the uid switch, so it is charged to root's key quota,
+    not the server's. Nothing on a kernel without keyrings
+    (support.keyrings_available() says which)."""
+    try:
+        syscalls.keyctl(syscalls.KEYCTL_JOIN_SESSION_KEYRING, None)
+    except OSError as e:
+        if e.errno not in NO_KEYRINGS:
+            raise
+
+
+# sched_getscheduler() ORs this into the policy.
+_SCHED_RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
+_SCHED_DEADLINE = 6
+_REALTIME = {os.SCHED_FIFO, os.SCHED_RR, _SCHED_DEADLINE}
+# What ioprio_set/ioprio_get may answer on a kernel without them, or without
+# the I/O scheduler's classes.
+_NO_IOPRIO = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+_BEST_EFFORT_DEFAULT = syscalls.IOPRIO_CLASS_BE << syscalls.IOPRIO_CLASS_SHIFT | 4
+
+
+def reset_scheduling() -> None:
+    """A real-time or deadline policy becomes SCHED_OTHER, a negative nice 0,
+    a real-time I/O class best-effort: a confined process must not starve
+    whatever started it (a real-time supervisor's children are real-time)."""
+    if os.sched_getscheduler(0) & ~_SCHED_RESET_ON_FORK in _REALTIME:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    if os.getpriority(os.PRIO_PROCESS, 0) < 0:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    reset_io_priority()
+
+
+def reset_io_priority() -> None:
+    """Only the I/O class: SCHED_RESET_ON_FORK does the rest for a fork-server's
+    children, but leaves their I/O priority as it was."""
+    try:
+        if syscalls.ioprio_get() >> syscalls.IOPRIO_CLASS_SHIFT == syscalls.IOPRIO_CLASS_RT:
+            syscalls.ioprio_set(_BEST_EFFORT_DEFAULT)
+    except OSError as e:
+        if e.errno not in _NO_IOPRIO:
+            raise

@@ -31,6 +31,8 @@ class Report:
     capabilities_dropped: bool = False
     uid: int | None = None
     gid: int | None = None
+    # A fresh anonymous session keyring, not the caller's (false: no keyrings in the kernel).
+    session_keyring: bool = False
     # Holes the kernel leaves open whatever the spec says.
     unix_connect_unrestricted: bool = True
     udp_unrestricted: bool = True

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from . import rights, syscalls
 from .support import Support, probe
 from .report import Report
+from .resolve import Inode, Opened, Resolver, SymlinkInsideWritable, writable_inodes
 from .spec import LOG_FLAGS, Spec, SpecError
 
 _FS_FEATURES = ("filesystem", "refer", "truncate", "ioctl_dev", "unix")
@@ -24,16 +25,19 @@ class Ruleset:
     fd: int                 # -1: nothing to enforce (unrestricted, or best effort)
     restrict_flags: int
     report: Report
-    # (path, (st_dev, st_ino) or None) for every rule: a rule binds to the inode
-    # opened at build time, so a replaced path needs a new ruleset.
-    identity: tuple[tuple[str, tuple[int, int] | None], ...] = field(default=())
+    # A rule binds to the inode opened at build time, so a replaced path
+    # needs a new ruleset: (path, (st_dev, st_ino) or None when missing,
+    # follow) for every rule. `follow` only for a path ending in a symlink,
+    # which is outside every writable grant: elsewhere a link put in place of
+    # the path is a change, not the thing to look through.
+    identity: tuple[tuple[str, Inode | None, bool], ...] = field(default=())
 
     def restrict_self(self) -> None:
         if self.fd >= 0:
             syscalls.restrict_self(self.fd, self.restrict_flags)
 
     def is_current(self) -> bool:
-        return all(_inode(path) == ino for path, ino in self.identity)
+        return all(_inode(path, follow) == ino for path, ino, follow in self.identity)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -41,9 +45,9 @@ class Ruleset:
             self.fd = -1
 
 
-def _inode(path: str) -> tuple[int, int] | None:
+def _inode(path: str, follow: bool) -> Inode | None:
     try:
-        st = os.stat(path)
+        st = os.stat(path) if follow else os.lstat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -114,37 +118,86 @@ def build(spec: Spec, support: Support | None = None) -> Ruleset:
     return Ruleset(fd, restrict_flags, report, identity)
 
 
+WRITABLE_CLASSES = ("read_write", "read_write_noexec")
+
+
+def _writable_first(spec: Spec) -> list[tuple[str, str]]:
+    """Writable grants first: a grant swapped for a link is named as such,
+    before the paths it would make look inside."""
+    rules = spec.path_rules
+    return ([r for r in rules if r[0] in WRITABLE_CLASSES]
+            + [r for r in rules if r[0] not in WRITABLE_CLASSES])
+
+
+def _resolver(spec: Spec) -> Resolver:
+    return Resolver(writable_inodes([r for r in spec.path_rules if r[0] in WRITABLE_CLASSES]))
+
+
+def _open_rule(resolver: Resolver, cls: str, path: str, spec: Spec, report: Report) -> Opened | None:
+    """The rule's path opened, or None when it is missing and may be skipped."""
+    try:
+        return resolver.open(cls, path)
+    except SpecError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and not spec.strict_paths:
+            report.skipped_paths.append(path)
+            return None
+        raise SpecError(f"{cls}: {path}: {e.strerror}") from None
+
+
 def _add_path_rules(fd: int, spec: Spec, handled_fs: int, report: Report):
-    identity = []
-    for cls, path in spec.path_rules:
-        access = rights.PATH_CLASSES[cls] & handled_fs
-        if not access:  # e.g. connect_unix before ABI 9: reported as downgraded
-            if not os.path.lexists(path):
-                if spec.strict_paths:
-                    raise SpecError(f"{cls}: {path}: No such file or directory")
-                report.skipped_paths.append(path)
+    identity: list[tuple[str, Inode | None, bool]] = []
+    resolver = _resolver(spec)
+    for cls, path in _writable_first(spec):
+        opened = _open_rule(resolver, cls, path, spec, report)
+        if opened is None:
+            identity.append((path, None, False))
             continue
         try:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR) and not spec.strict_paths:
-                report.skipped_paths.append(path)
-                identity.append((path, None))
-                continue
-            raise SpecError(f"{cls}: {path}: {e.strerror}") from None
-        try:
-            st = os.fstat(pfd)
-            if not stat.S_ISDIR(st.st_mode):
-                access &= rights.FILE_RIGHTS
+            access = int(rights.PATH_CLASSES[cls]) & handled_fs
+            if not stat.S_ISDIR(opened.st.st_mode):
+                access &= int(rights.FILE_RIGHTS)
+            # None, e.g. connect_unix before ABI 9: reported as downgraded.
             if access:
                 syscalls.add_rule(fd, syscalls.RULE_PATH_BENEATH,
-                                  syscalls.PathBeneathAttr(access, pfd))
+                                  syscalls.PathBeneathAttr(access, opened.fd))
         except OSError as e:
             raise SpecError(f"{cls}: {path}: {e.strerror}") from None
         finally:
-            os.close(pfd)
-        identity.append((path, (st.st_dev, st.st_ino)))
+            os.close(opened.fd)
+        identity.append((path, (opened.st.st_dev, opened.st.st_ino), opened.trailing_link))
     return tuple(identity)
+
+
+def inside_writable(spec: Spec) -> list[tuple[str, str, str]]:
+    """(class, path, writable grant) for every rule path strictly inside a
+    writable grant of the spec (its own grants included): a confined process
+    can replace what such a path names between two builds. By the inodes
+    walked, and by the text for paths that do not exist (yet)."""
+    resolver = _resolver(spec)
+    grants = [(p.rstrip("/") or "/", p) for cls in WRITABLE_CLASSES for p in getattr(spec, cls)]
+    out = []
+    for cls, path in spec.path_rules:
+        grant = None
+        try:
+            opened = resolver.walk(cls, path)
+        except SymlinkInsideWritable as e:
+            grant = e.grant
+        except OSError:
+            pass
+        else:
+            os.close(opened.fd)
+            if opened.grant is not None and resolver.writable.get(
+                    (opened.st.st_dev, opened.st.st_ino)) != opened.grant:
+                grant = opened.grant
+        if grant is None:
+            norm = os.path.normpath(path)
+            grant = next((g for prefix, g in grants
+                          if norm != prefix and norm.startswith(prefix.rstrip("/") + "/")), None)
+        if grant is not None:
+            out.append((cls, path, grant))
+    return out
 
 
 def _add_port_rules(fd: int, spec: Spec, handled_net: int) -> None:

@@ -1,6 +1,7 @@
 """What the running kernel really enforces, probed once per process."""
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from dataclasses import dataclass, field
@@ -60,3 +61,13 @@ def abi_version() -> int:
 
 def available() -> bool:
     return "filesystem" in probe().features
+
+
+@functools.lru_cache(maxsize=None)
+def keyrings_available() -> bool:
+    """Whether the kernel has keyrings, so that a child joins a session keyring of its own."""
+    try:
+        syscalls.keyctl(syscalls.KEYCTL_GET_KEYRING_ID, syscalls.KEY_SPEC_SESSION_KEYRING, 0)
+    except OSError as e:
+        return e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP)
+    return True

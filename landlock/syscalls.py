@@ -1,4 +1,5 @@
-"""The three Landlock system calls and the prctl()s python-prctl lacks, via ctypes."""
+"""The three Landlock system calls, and the few others (prctl, keyctl,
+ioprio, openat2) Python and python-prctl lack, via ctypes."""
 from __future__ import annotations
 
 import ctypes
@@ -92,6 +93,80 @@ def clear_ambient_capabilities() -> None:
         err = ctypes.get_errno()
         if err != errno.EINVAL:  # EINVAL: kernel without ambient capabilities
             raise OSError(err, f"prctl(PR_CAP_AMBIENT_CLEAR_ALL): {os.strerror(err)}")
+
+
+class OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_NR_OPENAT2 = 437  # the same on every architecture (Linux 5.6)
+AT_FDCWD = -100
+RESOLVE_NO_SYMLINKS = 0x04
+
+
+_openat2 = _libc["syscall"]  # an object of its own: typed arguments convert faster
+_openat2.restype = ctypes.c_long
+_openat2.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(OpenHow), ctypes.c_size_t]
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int:
+    how = OpenHow(flags, 0, resolve)
+    return _check(_openat2(_NR_OPENAT2, dir_fd, os.fsencode(path), how, ctypes.sizeof(OpenHow)), "openat2")
+
+
+# Numbers that differ between architectures: (keyctl, add_key, ioprio_set, ioprio_get).
+_PER_MACHINE = {
+    "x86_64": (250, 248, 251, 252),
+    "aarch64": (219, 217, 30, 31),
+    "riscv64": (219, 217, 30, 31),
+    "ppc64le": (280, 269, 273, 274),
+    "i686": (288, 286, 289, 290),
+    "i386": (288, 286, 289, 290),
+    "armv7l": (311, 309, 314, 315),
+}.get(os.uname().machine)
+
+KEYCTL_GET_KEYRING_ID = 0
+KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_SEARCH = 10
+KEY_SPEC_SESSION_KEYRING = -3
+IOPRIO_WHO_PROCESS = 1
+IOPRIO_CLASS_SHIFT = 13
+IOPRIO_CLASS_RT, IOPRIO_CLASS_BE = 1, 2
+
+
+def _number(index: int, name: str) -> int:
+    if _PER_MACHINE is None:  # an architecture not listed: as a kernel without the call
+        raise OSError(errno.ENOSYS, f"{name}: no syscall number known for {os.uname().machine}")
+    return _PER_MACHINE[index]
+
+
+def keyctl(operation: int, *args: int | bytes | None) -> int:
+    """keyctl(2); each argument an int, a C string or NULL."""
+    converted = [ctypes.c_char_p(a) if isinstance(a, bytes) or a is None else ctypes.c_long(a)
+                 for a in args]
+    return _check(_syscall(ctypes.c_long(_number(0, "keyctl")), ctypes.c_long(operation), *converted),
+                  "keyctl")
+
+
+def add_key(key_type: bytes, description: bytes, payload: bytes, keyring: int) -> int:
+    return _check(_syscall(ctypes.c_long(_number(1, "add_key")), ctypes.c_char_p(key_type),
+                           ctypes.c_char_p(description), ctypes.c_char_p(payload),
+                           ctypes.c_size_t(len(payload)), ctypes.c_int(keyring)), "add_key")
+
+
+def ioprio_get(who: int = 0) -> int:
+    return _check(_syscall(ctypes.c_long(_number(3, "ioprio_get")), ctypes.c_int(IOPRIO_WHO_PROCESS),
+                           ctypes.c_int(who)), "ioprio_get")
+
+
+def ioprio_set(ioprio: int, who: int = 0) -> None:
+    _check(_syscall(ctypes.c_long(_number(2, "ioprio_set")), ctypes.c_int(IOPRIO_WHO_PROCESS),
+                    ctypes.c_int(who), ctypes.c_int(ioprio)), "ioprio_set")
+
+
+def tcgetsid(fd: int) -> int:
+    """The session of fd's terminal when it is our controlling terminal (ENOTTY otherwise)."""
+    return _check(_libc.tcgetsid(ctypes.c_int(fd)), "tcgetsid")
 
 
 def gettid() -> int:

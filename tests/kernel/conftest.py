@@ -24,11 +24,32 @@ def parse_expect_abi(value):
         raise pytest.UsageError(f"EXPECT_ABI={value!r}: want N or N+")
 
 
+def _steps():
+    """Which of the confined child's other steps this kernel has (tests/kernel/test_steps.py)."""
+    import errno
+
+    from landlock import support, syscalls
+
+    def works(call, absent=(errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)):
+        try:
+            call()
+        except OSError as e:
+            return e.errno not in absent
+        return True
+
+    def openat2():
+        os.close(syscalls.openat2(syscalls.AT_FDCWD, "/", os.O_PATH, syscalls.RESOLVE_NO_SYMLINKS))
+    return {"keyrings": support.keyrings_available(), "openat2": works(openat2),
+            "ioprio": works(syscalls.ioprio_get)}
+
+
 def pytest_report_header(config):
     # scripts/multikernel reads the ABI the guest saw from this line.
     abi, err = llsyscalls.abi()
     why = f" ({err})" if err else ""
-    return f"landlock-abi: {abi}{why} expected: {os.environ.get('EXPECT_ABI', '(host)')}"
+    return [f"landlock-abi: {abi}{why} expected: {os.environ.get('EXPECT_ABI', '(host)')}",
+            "kernel-steps: " + ", ".join(f"{name} {'yes' if ok else 'NO (skipped)'}"
+                                         for name, ok in _steps().items())]
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,11 @@ def _exec(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "landlock", *args], capture_output=True, text=True, timeout=60)
 
 
+def _report(r: subprocess.CompletedProcess) -> dict:
+    """The Report landlock-exec printed (other lines: its root warning, the target's errors)."""
+    return json.loads(next(line for line in r.stderr.splitlines() if line.startswith("{")))
+
+
 def _first_missing(abi: int) -> str | None:
     return next((f.name for f in rights.FEATURES if f.abi > abi and f.name in DEFAULT_WANTED), None)
 
@@ -44,7 +49,7 @@ def test_defaults_enforce_everything_the_kernel_has(expected_abi, tmp_path):
     secret.write_text("secret")
     r = _exec(*SYSTEM, "--report", "--", "cat", str(secret))
     assert r.returncode == 1 and "Permission denied" in r.stderr, r.stderr
-    report = json.loads(r.stderr.splitlines()[0])
+    report = _report(r)
     assert report["abi"] == expected_abi and report["enforced"]
     assert sorted(report["features"]) == sorted(f for f in DEFAULT_WANTED
                                                 if rights.FEATURE_BY_NAME[f].abi <= expected_abi)
@@ -72,7 +77,7 @@ def test_without_landlock_fails_closed(expected_abi):
     assert r.returncode == landlock.EXIT_UNAVAILABLE, r.stderr
     r = _exec(*SYSTEM, "--best-effort", "--report", "--", "true")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stderr.splitlines()[0])["abi"] == -1
+    assert _report(r)["abi"] == -1
 
 
 # ---- the supervisor's spawn path -------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 import landlock
 from landlock import Spec, gocompat
+from landlock.enforce import ROOT_WARNING
 
 USR = ["--rox", "/usr"]  # what running any program takes
 # This interpreter as a confined target: its real binary, and what it reads.
@@ -26,8 +27,12 @@ KERNEL_ABI = landlock.abi_version()
 
 def run_cli(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
             **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*wrapper, sys.executable, "-m", "landlock", *args], capture_output=True,
-                          text=True, env=env if env is not None else dict(os.environ), timeout=30, **kw)
+    """landlock-exec; its warning for capability-less root (once, first) is
+    taken off stderr: test_root_without_user_is_warned_once checks it."""
+    p = subprocess.run([*wrapper, sys.executable, "-m", "landlock", *args], capture_output=True,
+                       text=True, env=env if env is not None else dict(os.environ), timeout=30, **kw)
+    p.stderr = p.stderr.removeprefix(ROOT_WARNING + "\n")
+    return p
 
 
 # --- confining a real program ----------------------------------------------
@@ -233,6 +238,10 @@ def test_go_spec_errors(text, what):
 
 _TIOCSTI = r"""
 import fcntl, sys, termios
+try:  # adopt the terminal if nobody holds it (a new session's leader may)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+except OSError:
+    pass
 try:
     fcntl.ioctl(0, termios.TIOCSTI, b"x")
 except OSError as e:
@@ -242,18 +251,26 @@ except OSError as e:
 
 
 # landlock-exec as the terminal's session leader (as under a terminal
-# emulator or sshd), or as another member of its session (under a shell).
-SESSION_ROLES = {"leader": (), "member": ("sh", "-c", '"$@"; exit $?', "sh")}
+# emulator or sshd), as another member of its session (under a shell), or
+# given a pty nobody made a controlling terminal.
+SESSION_ROLES = {"leader": (), "member": ("sh", "-c", '"$@"; exit $?', "sh"), "nobody": ()}
 
 
-def _tiocsti_under_a_terminal(*flags: str, role: str = "leader") -> subprocess.CompletedProcess:
-    """landlock-exec with a pty as stdin and controlling terminal; the
-    target tries to push a keystroke into it."""
+def _tiocsti_under_a_terminal(*flags: str, role: str = "leader") -> tuple[subprocess.CompletedProcess, bytes]:
+    """landlock-exec with a pty as stdin; the target tries to push a
+    keystroke into it. Returns what ran and what the pty's input got."""
     master, slave = os.openpty()
+    kw = {} if role == "nobody" else dict(start_new_session=True,
+                                          preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     try:
-        return run_cli(*PYTHON_ROX, *flags, "--", PYTHON, "-c", _TIOCSTI, stdin=slave,
-                       wrapper=SESSION_ROLES[role], start_new_session=True,
-                       preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        p = run_cli(*PYTHON_ROX, *flags, "--", PYTHON, "-c", _TIOCSTI, stdin=slave,
+                    wrapper=SESSION_ROLES[role], **kw)
+        os.set_blocking(master, False)
+        try:
+            echoed = os.read(master, 100)
+        except BlockingIOError:
+            echoed = b""
+        return p, echoed
     finally:
         os.close(master)
         os.close(slave)
@@ -267,17 +284,57 @@ def _legacy_tiocsti() -> bool:
 
 
 @pytest.mark.enforcement
-@pytest.mark.parametrize("role", SESSION_ROLES)
-def test_tiocsti_into_the_inherited_terminal_fails(role):
-    p = _tiocsti_under_a_terminal(role=role)
+def test_tiocsti_into_the_session_terminal_fails():
+    """Under a shell, the shell's session holds the terminal after
+    landlock-exec leaves it: TIOCSCTTY and TIOCSTI both fail."""
+    p, echoed = _tiocsti_under_a_terminal(role="member")
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert p.stdout.strip() in ("1", "5")  # EPERM: not our terminal any more; EIO: legacy TIOCSTI off
+    assert echoed == b""
+
+
+@pytest.mark.enforcement
+@pytest.mark.parametrize("role", ["leader", "nobody"])
+def test_an_adoptable_terminal_is_refused(role):
+    """Leading the terminal's session, landlock-exec frees it when it leaves;
+    a pty nobody made controlling is free already: the target could adopt
+    it (TIOCSCTTY) and inject input (TIOCSTI). Refused unless --allow-terminal."""
+    if not _legacy_tiocsti():
+        pytest.skip("machine setting: dev.tty.legacy_tiocsti=0 refuses TIOCSTI without CAP_SYS_ADMIN")
+    p, echoed = _tiocsti_under_a_terminal(role=role)
+    assert p.returncode == 2 and "--allow-terminal" in p.stderr and echoed == b""
+    p, echoed = _tiocsti_under_a_terminal("--allow-terminal", role=role)
+    assert (p.returncode, p.stdout) == (0, "") and echoed == b"x"  # the cost the flag accepts
+
+
+@pytest.mark.enforcement
+def test_a_terminal_is_accepted_when_tiocsti_is_off(monkeypatch):
+    from landlock import enforce
+    monkeypatch.setattr(enforce, "_legacy_tiocsti", lambda: False)
+    assert enforce.adoptable_terminals() == []
 
 
 @pytest.mark.enforcement
 def test_tiocsti_with_keep_session_succeeds():
-    p = _tiocsti_under_a_terminal("--keep-session")
+    p, _ = _tiocsti_under_a_terminal("--keep-session")
     if not _legacy_tiocsti():  # dev.tty.legacy_tiocsti=0: refused to everyone without CAP_SYS_ADMIN
         assert (p.returncode, p.stdout.strip()) == (1, "5")
         return
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+
+
+# --- as root --------------------------------------------------------------
+
+@pytest.mark.enforcement
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+@pytest.mark.parametrize("flags,warned", [((), True), (("--user", "root"), True),
+                                          (("--user", "65534"), False), (("--keep-capabilities",), False)],
+                         ids=["no-user", "user-root", "user-nobody", "keep-capabilities"])
+def test_root_without_user_is_warned_once(flags, warned):
+    """Capability-less root can still chmod root's own files outside the grants."""
+    p = subprocess.run([sys.executable, "-m", "landlock", *USR, *flags, "--report", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count(ROOT_WARNING) == (1 if warned else 0)
+    assert "--user" in ROOT_WARNING and "root" in ROOT_WARNING
+    assert json.loads(p.stderr.splitlines()[-1])["capabilities_dropped"] == ("--keep-capabilities" not in flags)

@@ -113,3 +113,38 @@ def _fork_once() -> int:
 def test_nproc_under_an_unused_uid(confined_errno, limit, expected):
     spec = Spec(user=_unused_uid(), rlimits={"NPROC": limit})
     assert confined_errno(spec, _fork_once) == expected
+
+
+@pytest.mark.root_only
+@pytest.mark.enforcement
+@pytest.mark.parametrize("user", ["root", 0, "0"], ids=["name", "int", "digits"])
+def test_a_user_resolving_to_root_drops_every_capability(run_confined, user):
+    """`user: root` switches to uid 0, which keeps every capability: they are
+    dropped and the securebits locked all the same, as for no user at all."""
+    import _prctl
+
+    from landlock.enter import SECUREBITS
+    fields, nnp, uids, gids, _, report = _status_after_confinement(run_confined, Spec(user=user))
+    assert uids == (0, 0, 0) and gids == (0, 0, 0)
+    for name in (*CAP_SETS, "CapBnd"):
+        assert int(fields[name], 16) == 0, name
+    assert nnp == 1 and report.capabilities_dropped and report.uid == 0
+    bits = run_confined(Spec(user=user), lambda: _prctl.prctl(_prctl.PR_GET_SECUREBITS)).unwrap()
+    assert bits & SECUREBITS == SECUREBITS
+
+
+@pytest.mark.root_only
+@pytest.mark.enforcement
+def test_user_root_with_keep_capabilities_keeps_them(run_confined):
+    fields, _, uids, _, _, report = _status_after_confinement(
+        run_confined, Spec(user="root", keep_capabilities=True))
+    assert uids == (0, 0, 0) and int(fields["CapEff"], 16) != 0
+    assert not report.capabilities_dropped
+
+
+@pytest.mark.root_only
+@pytest.mark.enforcement
+def test_chmod_of_a_foreign_file_as_user_root_is_refused(confined_errno, layout):
+    target = layout.out / "file"
+    os.chown(target, 12345, 12345)
+    assert confined_errno(Spec(user="root"), lambda: os.chmod(target, 0o4777)) == errno.EPERM
