@@ -71,7 +71,9 @@ class Supervisor:
         argv = [PYTHON, "-m", "supervisor", "--socket", str(self.socket_path), "serve"]
         for m in self.manifests:
             argv += ["--manifests", str(m)]
-        return argv + ["--state-root", str(self.state_root), "--grace", str(GRACE), *self.extra]
+        # The lab's manifests run as root (allow_root) unless they name a user.
+        return argv + ["--state-root", str(self.state_root), "--grace", str(GRACE), "--allow-root-servers",
+                       *self.extra]
 
     def start(self, timeout: float = 10) -> "Supervisor":
         with open(self.log_path, "ab") as log:
