@@ -18,8 +18,8 @@ from collections.abc import Iterable
 
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
-# systemd's DynamicUser= range, and the ids the test suites use.
-RESERVED = (("systemd's DynamicUser range", 61184, 65519), ("the test suites' ids", 64000, 64999))
+# The ids the test suites use (inside the next one, named first), and systemd's DynamicUser= range.
+RESERVED = (("the test suites' ids", 64000, 64999), ("systemd's DynamicUser range", 61184, 65519))
 MAX_ID = 2**32 - 2          # (uid_t)-1 means "unchanged" to the kernel
 TABLE = "dynamic-users"
 USER_PREFIX = "llsv-"

@@ -155,6 +155,10 @@ def _area(servers: int, m: Manifest, uid: int, gid: int, log: Callable[[str], No
             os.fchmod(fd, mode)
         return fd
     os.close(fd)
+    if inner is not None:
+        # Neither layout: an old state dir holding an entry of that name, or a
+        # link put in place of the new one. Nothing is guessed, nothing followed.
+        raise Refused(f"{m.area}/state is {_kind(inner)} (left as it is)")
     if fst.st_uid not in (uid, me):
         raise Refused(f"{m.area} is owned by uid {fst.st_uid}, neither the server's ({uid}) nor the supervisor's")
     # The old layout: servers/<name> was the server's state directory.
