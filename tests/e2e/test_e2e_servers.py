@@ -126,7 +126,9 @@ def test_environment_holds_none_of_the_supervisors(world: World, name: str) -> N
     check(not leaked, s, f"supervisor variables leaked: {leaked}")
     if name == "everything":
         # node runs the server itself: exactly inherit_env [PATH] + env {NODE_ENV}
-        check(set(env) == {"PATH", "NODE_ENV"}, s, f"environment: {env}")
+        # (+ HOME, USER, LOGNAME of a dynamic user under a root supervisor)
+        extra = {"HOME", "USER", "LOGNAME"} if os.geteuid() == 0 else set()
+        check(set(env) == {"PATH", "NODE_ENV"} | extra, s, f"environment: {env}")
     else:
         # npm adds its npm_* variables; HOME is the state dir (the npx profile)
         check(env.get("HOME") == str(world.state_dir(name)) and env.get("npm_config_offline") == "true",
@@ -216,7 +218,9 @@ def test_probe_reads_writes_connects_only_as_granted(world: World, listeners: An
                       ops[5]: "ok", ops[6]: "EACCES", "env": result["env"]}, result
     assert (granted.accepted, unlisted.accepted) == (accepted[0] + 1, accepted[1])
     # Python may coerce the C locale (PEP 538): LC_CTYPE is its own doing.
-    assert set(result["env"]) - {"LC_CTYPE"} == {"PROBE"}, result["env"]
+    # HOME, USER, LOGNAME: a dynamic user's, under a root supervisor.
+    extra = {"HOME", "USER", "LOGNAME"} if os.geteuid() == 0 else set()
+    assert set(result["env"]) - {"LC_CTYPE"} == {"PROBE"} | extra, result["env"]
     assert not (world.outside / "planted").exists() and not (world.projects / "planted").exists()
 
 
