@@ -251,3 +251,30 @@ def test_git_repository_whose_config_reaches_outside(world: World, name: str) ->
     # A path outside --repository: the server's own check, for comparison.
     error, text = s.call("git_status", {"repo_path": str(world.secret)})
     check(error and "outside the allowed repository" in text, s, f"git_status outside: {text!r}")
+
+
+# ---- a dynamic user has no account outside the supervisor ------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor gives dynamic uids")
+def test_dynamic_user_is_known_to_node_and_python(world: World) -> None:
+    status, out = world.run("whoami")
+    assert status == 0, out
+    got = json.loads(out)
+    uid = int((world.state / "dynamic-users").read_text().split("whoami ")[1].split()[0])
+    assert got["node"]["uid"] == uid and got["node"]["username"] == "llsv-whoami", got
+    assert got["python"] == f"llsv-whoami {uid}", got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor gives dynamic uids")
+@pytest.mark.parametrize("name", [n for n in ALL if base(n) == "git"])
+def test_git_commit_as_a_dynamic_user(world: World, name: str) -> None:
+    s = server(world, name)
+    path = world.repo / f"added-by-{name}.txt"
+    path.write_text("committed by a server without an account\n")
+    os.chmod(path, 0o666)
+    error, text = s.call("git_add", {"repo_path": str(world.repo), "files": [path.name]})
+    check(not error, s, f"git_add: {text!r}")
+    error, text = s.call("git_commit", {"repo_path": str(world.repo), "message": f"from {name}"})
+    check(not error and "committed" in text.lower(), s, f"git_commit: {text!r}")
+    error, text = s.call("git_log", {"repo_path": str(world.repo)})
+    check(not error and f"from {name}" in text, s, f"git_log: {text!r}")
