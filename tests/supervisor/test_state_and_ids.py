@@ -9,8 +9,7 @@ import subprocess
 from multiprocessing import Pool
 
 import pytest
-from conftest import PYTHON, REPO
-from svhelpers import run
+from svhelpers import PYTHON, REPO, run
 
 from supervisor import ids
 
