@@ -37,7 +37,11 @@ def main() -> int:
         f.write("-----BEGIN OPENSSH PRIVATE KEY----- (not really)\n")
     repo = os.path.join(work, "repo")
     subprocess.run(["git", "init", "-q", repo], check=True)
-    sock = os.path.join(work, "supervisor.sock")
+    if os.geteuid() == 0:
+        # The examples run as dynamic uids under root: they must reach their directories.
+        os.chmod(work, 0o755)
+        subprocess.run(["chmod", "-R", "a+rwX", projects, repo], check=True)
+    sock = os.path.join(work, "run", "supervisor.sock")
     env = dict(os.environ, MCP_SERVERS=os.path.join(REPO, ".servers"), MCP_PROJECTS=projects, MCP_REPO=repo)
 
     step("landlock-supervisor serve --manifests examples/   (the fork-server, on a private socket)")

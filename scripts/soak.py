@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {k: v for k, v in os.environ.items() if k != "LANDLOCK_SUPERVISOR_SOCKET"}
             sv_proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--socket", path, "serve",
                                         "--manifests", str(base / "manifests"), "--state-root", str(base / "state"),
-                                        "--grace", str(args.grace)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                        "--grace", str(args.grace), "--allow-root-servers"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=log, start_new_session=True)
             pid = sv_proc.pid
         client = Client(path)

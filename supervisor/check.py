@@ -8,8 +8,17 @@ from typing import Any
 
 import landlock
 
-from . import profiles
+from . import ids, namespaces, profiles
 from .manifest import Manifest, ManifestError, load, load_all
+
+try:
+    from landlock.ruleset import inside_writable
+except ImportError:  # a landlock library without it: the same question, answered here
+    def inside_writable(spec: landlock.Spec) -> list[tuple[str, str, str]]:
+        writable = [p for p in (*spec.read_write, *spec.read_write_noexec)
+                    if p not in ("/dev/null", "/dev/zero", "/dev/full")]
+        return [(cls, path, w) for cls, path in spec.path_rules for w in writable
+                if path != w and path.startswith(w.rstrip("/") + "/")]
 
 # What Landlock cannot deny, whatever a manifest says (docs/security.md).
 ALWAYS_OPEN = [
@@ -22,8 +31,23 @@ ALWAYS_OPEN = [
 
 def kernel_summary() -> dict[str, Any]:
     support = landlock.probe()
+    warnings = []
+    try:
+        with open("/proc/sys/dev/tty/legacy_tiocsti") as f:
+            if f.read().strip() == "1":
+                warnings.append("dev.tty.legacy_tiocsti is 1: a process can push input into a terminal it "
+                                "holds (TIOCSTI); set it to 0")
+    except OSError:
+        pass
+    isolation = []
+    if os.geteuid() == 0:
+        isolation.append("IPC namespace of the supervisor's own: " + (
+            "yes" if namespaces.ipc_namespaces_available() else "NO (the kernel has none): servers share the host's SysV IPC"))
+        isolation.append("passwd entries for dynamic users (a mount namespace): " + (
+            "yes" if namespaces.mount_namespaces_available() else "NO: HOME, USER and LOGNAME only"))
     return {"kernel_abi": support.kernel_abi, "errata": support.errata,
-            "features": sorted(support.features), "missing": support.missing}
+            "features": sorted(support.features), "missing": support.missing,
+            "warnings": warnings, "isolation": isolation}
 
 
 def holes(report: landlock.Report) -> list[str]:
@@ -61,9 +85,21 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
     if m.pool and nproc:
         entry["warnings"].append(f"rlimits.NPROC ({nproc[0].soft}) counts the pool's {m.pool} waiting "
                                  "children too: they run as the same user")
-    if os.geteuid() == 0 and m.allow_root:
-        entry["warnings"].append("runs as root (allow_root): capabilities dropped, but DAC no longer "
-                                 "protects other users' files and sockets; give it a dedicated user")
+    if m.runs_as_root:
+        entry["warnings"].append("runs as root: capabilities dropped, but root owns most files: it can chmod "
+                                 "them (a set-uid copy of /bin/sh) and DAC no longer protects other users' "
+                                 "files and sockets; loads only with serve --allow-root-servers. "
+                                 "Give it `user: dynamic`")
+    if m.uid is None or m.uid == os.geteuid():
+        entry["warnings"].append("runs as the supervisor's own uid: it can prlimit, renice and pin the "
+                                 "supervisor's user's processes (the supervisor's included)"
+                                 + ("" if os.geteuid() == 0 else ", and every other process of that user"))
+    for cls, path, grant in inside_writable(m.spec):
+        entry["warnings"].append(f"{cls} {path} lies inside its own writable {grant}: the server can swap it "
+                                 "for a symlink")
+    if m.dynamic and m.uid is not None and m.area:
+        _, recorded = ids.Table(os.path.dirname(os.path.dirname(m.area))).peek(m.name)
+        entry["dynamic_uid"] = m.uid if recorded else None
     try:
         ruleset = landlock.build(m.spec)
     except (landlock.LandlockUnavailable, landlock.SpecError) as e:
@@ -71,9 +107,9 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
         return entry
     ruleset.close()
     report = ruleset.report
-    # The supervisor creates the state directory when it loads the manifest.
+    # The supervisor creates the state directory and its area when it loads the manifest.
     skipped = [p for p in report.skipped_paths
-               if not (m.state_dir and (p == m.state_dir or p.startswith(m.state_dir + "/")))]
+               if not any(d and (p == d or p.startswith(d + "/")) for d in (m.state_dir, m.area))]
     entry.update(abi=report.abi, handled_fs=report.handled_fs, handled_net=report.handled_net,
                  scoped=report.scoped, downgraded=report.downgraded, skipped_paths=skipped,
                  holes=holes(report), note=report.note)
@@ -85,9 +121,16 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     print(f"  enforced here: {', '.join(kernel['features']) or 'nothing'}")
     for name, why in kernel["missing"].items():
         print(f"  missing {name}: {why}")
+    for line in kernel["isolation"]:
+        print(f"  {line}")
+    for w in kernel["warnings"]:
+        print(f"  WARNING: {w}")
     for e in entries:
         print(f"\n{e['name']} ({e['source']})")
         print(f"  command: {' '.join(e['command'])}")
+        if "dynamic_uid" in e:
+            print(f"  runs as dynamic uid {e['dynamic_uid']} (gid the same)" if e["dynamic_uid"] is not None
+                  else "  runs as a dynamic uid, given at the supervisor's first start")
         if e["pool"]:
             print(f"  pool: {e['pool']} children forked and confined ahead of requests")
         if "refused" in e:

@@ -10,6 +10,13 @@ import sys
 from typing import Any
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
+# Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
+DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
+DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
+_ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of uid 0). Their children drop "
+              "every capability, yet root owns most of the system: a compromised server can chmod root-owned "
+              "files (make a copy of /bin/sh set-uid root), so any local user can become root through it. "
+              "Without this option such a manifest is refused (logged) and the others load")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-group", action="append", default=[], metavar="GROUP")
     serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    serve.add_argument("--allow-root-servers", action="store_true", help=_ROOT_HELP)
+    serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
+                       help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s)")
+    serve.add_argument("--session-gids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_SESSION_GIDS,
+                       help="a root supervisor's per-session gids (default %(default)s)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
 
     run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
@@ -36,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--env", action="append", default=[], metavar="NAME",
                      help="pass NAME from this environment (the manifest must list it in client_env)")
     run.add_argument("--state-root", metavar="DIR")
+    run.add_argument("--allow-root-servers", action="store_true",
+                     help="for the private supervisor of --manifests: " + _ROOT_HELP)
     run.add_argument("name")
     run.add_argument("args", nargs=argparse.REMAINDER)
 
@@ -95,6 +109,14 @@ def _serve(args: argparse.Namespace) -> int:
         listen_fd = 3  # SD_LISTEN_FDS_START
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(var, None)
+    from . import ids
+    try:
+        dynamic_uids = ids.parse_range(args.dynamic_uids, "--dynamic-uids")
+        session_gids = ids.parse_range(args.session_gids, "--session-gids")
+        if os.geteuid() == 0:
+            ids.check_ranges(dynamic_uids, session_gids)
+    except ids.IdError as e:
+        return _fail(EXIT_USAGE, f"not starting: {e}")
     socket_path = args.socket
     if socket_path is None and listen_fd is None and args.control_fd is None:
         try:
@@ -103,7 +125,9 @@ def _serve(args: argparse.Namespace) -> int:
             return _fail(EXIT_USAGE, str(e))
     config = Config(manifest_paths=args.manifests, socket_path=socket_path, listen_fd=listen_fd,
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
-                    state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace))
+                    state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace),
+                    allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
+                    session_gids=session_gids if os.geteuid() == 0 else None)
     try:
         supervisor = Supervisor(config)
     except (ManifestError, OSError) as e:
@@ -118,7 +142,8 @@ def _client_for(args: argparse.Namespace) -> Any:
     from . import client as clients
     if args.manifests:
         from .private import start
-        return start(args.manifests, state_root=args.state_root)
+        return start(args.manifests, state_root=args.state_root,
+                     extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
     return clients.Client(args.socket)
 
 

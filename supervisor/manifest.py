@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import landlock
 from landlock import privileges
 from landlock.spec import parse_limit
 
-from . import profiles
+from . import ids, profiles
 
 MAX_MANIFEST_BYTES = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -57,6 +57,10 @@ class Manifest:
     allow_root: bool = False
     pool: int = 0                    # children kept forked and confined, ready for a request
     warnings: tuple[str, ...] = field(default=())
+    area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
+    dynamic: bool = False            # `user: dynamic`
+    uid: int | None = None           # what the child runs as; None: the supervisor's own uid
+    runs_as_root: bool = False       # a root supervisor runs it as uid 0 (allow_root, or a user of uid 0)
 
     def environment(self, supervisor_env: Mapping[str, str],
                     client_env: Mapping[str, str] = {}) -> dict[str, str]:
@@ -141,8 +145,14 @@ class _Expander:
         return text
 
 
+DynamicUid = Callable[[str], int]
+
+
 def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
-         state_root: str | None = None, as_root: bool | None = None) -> Manifest:
+         state_root: str | None = None, as_root: bool | None = None,
+         dynamic_uid: DynamicUid | None = None) -> Manifest:
+    """dynamic_uid(name): the uid of a `user: dynamic` manifest under a root
+    supervisor (ids.Table); without it such a manifest runs as the supervisor."""
     source = str(path)
     env = dict(os.environ if env is None else env)
     as_root = os.geteuid() == 0 if as_root is None else as_root
@@ -168,11 +178,12 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
         top.fail("name", f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; at most 64)")
 
     state_dir = None
+    area = os.path.join(state_root, "servers", name) if state_root else None
     want_state = top.get("state_dir", (bool, str), False)
     if want_state:
-        if state_root is None:
+        if want_state is True and area is None:
             top.fail("state_dir", "no state root is configured for this supervisor")
-        state_dir = os.path.join(state_root, "servers", name) if want_state is True else want_state
+        state_dir = os.path.join(area, "state") if want_state is True else want_state
         env = {**env, "STATE_DIR": state_dir}
     expand = _Expander(top, env)
     if isinstance(want_state, str):
@@ -220,14 +231,29 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     user = top.get("user", (str, int), None)
     group = top.get("group", (str, int), None)
     allow_root = top.get("allow_root", bool, False)
-    if as_root and user is None and not allow_root:
+    dynamic = user == "dynamic"
+    if dynamic:
+        if allow_root:
+            top.fail("allow_root", "contradicts `user: dynamic`")
+        # A user's own supervisor cannot switch uids: it runs the server as itself.
+        if as_root and dynamic_uid is None and state_root:
+            dynamic_uid = lambda n: ids.Table(state_root).peek(n)[0]  # noqa: E731  (what it has or would get)
+        try:
+            user = dynamic_uid(name) if as_root and dynamic_uid is not None else None
+        except (ids.IdError, OSError) as e:
+            top.fail("user", f"dynamic: {e}")
+        if user is None and as_root:
+            top.fail("user", "dynamic: this supervisor has no state root for its table of dynamic users")
+        if user is not None and group is None:
+            group = user
+    if as_root and user is None and not allow_root and not dynamic:
         top.fail("user", "required when the supervisor runs as root "
-                 "(or set allow_root: true, and every capability is dropped)")
+                 "(user: dynamic, a user name, or allow_root: true with every capability dropped)")
 
     sandbox = _Reader(source, data.get("sandbox") if isinstance(data, dict) else None, "sandbox.", _SANDBOX_KEYS)
     fragment = profiles.combine(sandbox.strings("profiles"), profiles.Context(
         env={**env, **manifest_env, **{k: env[k] for k in inherit_env if k in env}},
-        state_dir=state_dir, command=resolved), lambda msg: sandbox.fail("profiles", msg))
+        state_dir=state_dir, command=resolved, area=area), lambda msg: sandbox.fail("profiles", msg))
     paths = {cls: fragment.paths.get(cls, []) + [expand(f"sandbox.{cls}[{i}]", p)
                                                  for i, p in enumerate(sandbox.strings(cls))]
              for cls in PATH_CLASSES}
@@ -258,10 +284,16 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
             strict_paths=sandbox.get("strict_paths", bool, False),
             log=sandbox.strings("log"), max_abi=sandbox.get("max_abi", int, None),
             user=user, group=group, keep_capabilities=False)
-        privileges.resolve(user, group)
+        creds = privileges.resolve(user, group)
     except landlock.SpecError as e:
         sandbox.fail("", str(e))
-    manifest_env = {**fragment.env, **manifest_env}  # the manifest's own values win
+    defaults = {}
+    if dynamic and user is not None:
+        # No passwd entry outside the supervisor's mount namespace: programs
+        # that ask for HOME or the user's name get them here.
+        defaults = {k: v for k, v in (("HOME", state_dir or "/"), ("USER", ids.user_name(name)),
+                                      ("LOGNAME", ids.user_name(name))) if k not in inherit_env}
+    manifest_env = {**defaults, **fragment.env, **manifest_env}  # the manifest's own values win
     warnings = list(fragment.warnings)
     if any(r.name == "NPROC" for r in spec.rlimits) and user is None:
         warnings.append("rlimits.NPROC counts every process of the real uid: without a dedicated "
@@ -273,7 +305,9 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
                     env=tuple(sorted(manifest_env.items())), inherit_env=tuple(inherit_env),
                     client_env=frozenset(client_env), client_args=top.get("client_args", bool, False),
                     umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
-                    allow_root=allow_root, pool=pool, warnings=tuple(warnings))
+                    allow_root=allow_root, pool=pool, warnings=tuple(warnings), area=area,
+                    dynamic=dynamic, uid=creds.uid if creds else None,
+                    runs_as_root=as_root and (allow_root or (creds is not None and creds.uid == 0)))
 
 
 def _port_list(reader: _Reader, key: str) -> list[int]:

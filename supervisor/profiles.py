@@ -24,6 +24,11 @@ class Context:
     env: Mapping[str, str]      # the child's environment as the manifest builds it
     state_dir: str | None
     command: str
+    # <state root>/servers/<name>: the supervisor's directory holding the
+    # server's writable parts as siblings (state, caches). A cache is never
+    # inside a directory the server may write: there it could be swapped
+    # for a symlink before the next spawn's rules are built.
+    area: str | None = None
 
 
 @dataclass
@@ -124,16 +129,20 @@ def node(ctx: Context) -> Fragment:
     return f
 
 
-def _needs_state(ctx: Context, profile: str) -> str:
+def _needs_state(ctx: Context, profile: str) -> tuple[str, str]:
+    """(state dir, area): npm's logs and config go to the one, caches to the other."""
     if not ctx.state_dir:
         raise ValueError(f"profile {profile} needs `state_dir: true` (its caches live there, "
                          "never shared with another server or the user's own tools)")
-    return ctx.state_dir
+    if not ctx.area:
+        raise ValueError(f"profile {profile} needs a state root (its caches live in "
+                         "<state root>/servers/<name>)")
+    return ctx.state_dir, ctx.area
 
 
 def npx(ctx: Context) -> Fragment:
-    """node, dns-tls, npm and npx; npm's cache, logs and config in the state directory; update check off."""
-    state = _needs_state(ctx, "npx")
+    """node, dns-tls, npm and npx; npm's cache beside the state directory, its logs and config in it; update check off."""
+    state, area = _needs_state(ctx, "npx")
     f = Fragment()
     f.merge(node(ctx))
     f.merge(dns_tls(ctx))
@@ -151,7 +160,7 @@ def npx(ctx: Context) -> Fragment:
         f.add("read_only_noexec", *_real(*_npmrc_cafiles(npmrc)))
     f.env.update({
         "HOME": state,
-        "npm_config_cache": os.path.join(state, "npm-cache"),
+        "npm_config_cache": os.path.join(area, "npm-cache"),
         "npm_config_logs_dir": os.path.join(state, "npm-logs"),
         "npm_config_userconfig": os.path.join(state, "npmrc"),
         "npm_config_update_notifier": "false",
@@ -159,7 +168,7 @@ def npx(ctx: Context) -> Fragment:
         "npm_config_audit": "false",
     })
     # npx installs what it runs into the cache: that tree must also execute.
-    f.add("read_write", os.path.join(state, "npm-cache"))
+    f.add("read_write", os.path.join(area, "npm-cache"))
     return f
 
 
@@ -204,8 +213,8 @@ def python(ctx: Context) -> Fragment:
 
 
 def uvx(ctx: Context) -> Fragment:
-    """python, dns-tls, uv and its shell launchers; uv's cache and tool directories in the state directory."""
-    state = _needs_state(ctx, "uvx")
+    """python, dns-tls, uv and its shell launchers; uv's cache and tool directories beside the state directory."""
+    _, area = _needs_state(ctx, "uvx")
     f = Fragment()
     f.merge(dns_tls(ctx))
     f.merge(python(ctx))
@@ -215,14 +224,14 @@ def uvx(ctx: Context) -> Fragment:
         if found:
             f.add("read_only", *_real(found))
     f.env.update({
-        "UV_CACHE_DIR": os.path.join(state, "uv-cache"),
-        "UV_TOOL_DIR": os.path.join(state, "uv-tools"),
+        "UV_CACHE_DIR": os.path.join(area, "uv-cache"),
+        "UV_TOOL_DIR": os.path.join(area, "uv-tools"),
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_CONFIG": "1",
     })
     # The environments uv builds in its cache are executed from there.
-    f.add("read_write", os.path.join(state, "uv-cache"))
-    f.add("read_write_noexec", os.path.join(state, "uv-tools"))
+    f.add("read_write", os.path.join(area, "uv-cache"))
+    f.add("read_write_noexec", os.path.join(area, "uv-tools"))
     return f
 
 

@@ -22,8 +22,8 @@ import prctl
 
 import landlock
 
+from . import ids, namespaces, peers, protocol, reap, spawn, state
 from . import manifest as manifests
-from . import peers, protocol, reap, spawn
 from .paths import default_socket_path
 from .manifest import Manifest, ManifestError
 
@@ -82,6 +82,9 @@ class Config:
     allow_gids: frozenset[int] = frozenset()
     state_root: str | None = None
     limits: Limits = field(default_factory=Limits)
+    allow_root_servers: bool = False   # load manifests that run as uid 0 (allow_root, user: root)
+    dynamic_uids: tuple[int, int] = ids.DEFAULT_DYNAMIC_UIDS
+    session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids
 
 
 def log(message: str) -> None:
@@ -111,31 +114,33 @@ class Supervisor:
         self.listener: socket.socket | None = None
         self.accept_paused = False       # out of fds: the listener is not watched for a moment
         self.owns_socket_path = False
+        self.isolation: namespaces.Isolation | None = None
         self.manifests = self._load_manifests()
 
     # ---- start-up -------------------------------------------------------
 
     def _load_manifests(self) -> dict[str, Manifest]:
-        loaded = manifests.load_all(self.config.manifest_paths, state_root=self.config.state_root)
+        """Every manifest; one that does not load stops the (re)load, while one
+        refused here (runs as root without the option, state in the way) is
+        logged and left out, the others loaded."""
+        table = None
+        if os.geteuid() == 0 and self.config.state_root:
+            table = ids.Table(self.config.state_root, self.config.dynamic_uids)
+        loaded = manifests.load_all(self.config.manifest_paths, state_root=self.config.state_root,
+                                    dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
+        out = {}
         for m in loaded.values():
+            if m.runs_as_root and not self.config.allow_root_servers:
+                why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
+                log(f"{m.source}: refused: it runs as root ({why}), which needs `serve --allow-root-servers`")
+                continue
             for warning in m.warnings:
                 log(f"{m.source}: warning: {warning}")
-            self._ensure_state_dir(m)
-        return loaded
-
-    def _ensure_state_dir(self, m: Manifest) -> None:
-        """The server's own state directory (and the writable ones the profiles
-        put in it) must exist before its rules are built: a missing path
-        would be skipped, not granted."""
-        if not m.state_dir:
-            return
-        creds = landlock.privileges.resolve(m.spec.user, m.spec.group)
-        wanted = [m.state_dir] + [p for cls in ("read_write", "read_write_noexec")
-                                  for p in getattr(m.spec, cls) if p.startswith(m.state_dir + "/")]
-        for path in wanted:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if creds is not None:
-                os.chown(path, creds.uid, creds.gid)
+            if state.prepare(m, log):
+                out[m.name] = m
+        if self.isolation is not None:
+            self.isolation.users(_dynamic_users(out))
+        return out
 
     def _open_listener(self) -> None:
         if self.config.listen_fd is not None:
@@ -214,6 +219,11 @@ class Supervisor:
 
     def serve(self) -> int:
         prctl.set_child_subreaper(1)
+        if os.geteuid() == 0:
+            # Before the zygote: it and every child inherit the namespaces.
+            self.isolation = namespaces.isolate(
+                log, _dynamic_users(self.manifests),
+                os.path.join(self.config.state_root, "nss") if self.config.state_root else None)
         if prctl.cap_effective.setpcap:
             landlock.privileges.limit_bounding_set(KEEP_CAPABILITIES)
         try:
@@ -756,6 +766,10 @@ class Supervisor:
                 os.unlink(session.record)
             except FileNotFoundError:
                 pass
+
+
+def _dynamic_users(loaded: dict[str, Manifest]) -> dict[int, str]:
+    return {m.uid: ids.user_name(m.name) for m in loaded.values() if m.dynamic and m.uid is not None}
 
 
 def _guarded(callback: Callable[..., None], *args: Any) -> None:

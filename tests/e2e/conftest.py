@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -51,13 +53,23 @@ def listeners() -> Iterator[tuple[Listener, Listener]]:
 @pytest.fixture(scope="session")
 def world(installed: None, tmp_path_factory: pytest.TempPathFactory,
           listeners: tuple[Listener, Listener]) -> Iterator[World]:
-    w = World(tmp_path_factory.mktemp("e2e"))
+    # Under root the servers run as dynamic uids: they must traverse the
+    # world's directory, and pytest keeps its own base directory 0700.
+    if os.geteuid() == 0:
+        root = Path(tempfile.mkdtemp(prefix="llsv-e2e-", dir="/tmp"))
+        os.chmod(root, 0o755)
+    else:
+        root = tmp_path_factory.mktemp("e2e")
+    w = World(root)
     try:
         w.build()
         w.start(probe_port=listeners[0].port)
         yield w
         status = w.stop()
         assert status == 0, f"the supervisor exited {status}:\n{w.log_text()}"
+        if os.geteuid() == 0:
+            if not os.environ.get("LLSV_KEEP_E2E"):
+                shutil.rmtree(root, ignore_errors=True)
     finally:
         w.stop()
         shutil.rmtree(w.state, ignore_errors=True)   # ~300 MB of cache copies; the logs stay

@@ -84,7 +84,7 @@ args:
 client_args: true
 env: {PROBE: "1"}
 state_dir: true
-allow_root: true
+user: dynamic
 sandbox:
   profiles: [system, python]
   read_only_noexec: ["${MCP_PROJECTS}"]
@@ -116,7 +116,8 @@ def npx_dir_for(package: str) -> Path:
 
 def seed_caches(state_root: Path) -> None:
     """Give each npx/uvx server a copy of the installer's caches, where its
-    profile puts them: <state_root>/servers/<name>/{npm-cache,uv-cache}.
+    profile puts them: <state_root>/servers/<name>/{npm-cache,uv-cache}
+    (root's: the supervisor hands them to the server's dynamic uid).
 
     npx offline needs `_cacache` (the packument of the spec is read even when
     `_npx/<hash>` already holds the package: without it ENOTCACHED) and that
@@ -172,7 +173,7 @@ class World:
         self.outside = root / "outside"
         self.repo = root / "repo"
         self.state = state_root_for(root)
-        self.socket = root / "supervisor.sock"
+        self.socket = root / "run" / "supervisor.sock"   # serve makes its directory 0700
         self.log = root / "supervisor.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: Client | None = None
@@ -197,6 +198,13 @@ class World:
         (self.secret / "shared.gitconfig").write_text("[core]\n\tautocrlf = false\n")
         with open(nested / ".git" / "config", "a") as f:
             f.write(f"[include]\n\tpath = {self.secret / 'shared.gitconfig'}\n")
+        # The servers run as dynamic uids (one per manifest) under a root
+        # supervisor: what two of them share must be writable by both, and
+        # stay so for what git creates there.
+        git("config", "core.sharedRepository", "0666", cwd=self.repo)
+        if os.geteuid() == 0:
+            subprocess.run(["chmod", "-R", "a+rwX", str(self.projects), str(self.repo), str(self.outside)],
+                           check=True)
         seed_caches(self.state)
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -280,7 +288,7 @@ class World:
             return status, out.read().decode(errors="replace")
 
     def state_dir(self, name: str) -> Path:
-        return self.state / "servers" / name
+        return self.state / "servers" / name / "state"
 
 
 class Server:

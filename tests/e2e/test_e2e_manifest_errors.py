@@ -35,7 +35,7 @@ CASES = {
     "uvx_without_state_dir": (OK + "sandbox: {profiles: [uvx]}\n", "sandbox.profiles",
                               "profile uvx needs `state_dir: true`"),
     "root_without_user": ("command: /bin/true\n", "user", "required when the supervisor runs as root "
-                          "(or set allow_root: true, and every capability is dropped)"),
+                          "(user: dynamic, a user name, or allow_root: true with every capability dropped)"),
 }
 
 

@@ -126,7 +126,9 @@ def test_environment_holds_none_of_the_supervisors(world: World, name: str) -> N
     check(not leaked, s, f"supervisor variables leaked: {leaked}")
     if name == "everything":
         # node runs the server itself: exactly inherit_env [PATH] + env {NODE_ENV}
-        check(set(env) == {"PATH", "NODE_ENV"}, s, f"environment: {env}")
+        # (+ HOME, USER, LOGNAME of a dynamic user under a root supervisor)
+        extra = {"HOME", "USER", "LOGNAME"} if os.geteuid() == 0 else set()
+        check(set(env) == {"PATH", "NODE_ENV"} | extra, s, f"environment: {env}")
     else:
         # npm adds its npm_* variables; HOME is the state dir (the npx profile)
         check(env.get("HOME") == str(world.state_dir(name)) and env.get("npm_config_offline") == "true",
@@ -216,7 +218,9 @@ def test_probe_reads_writes_connects_only_as_granted(world: World, listeners: An
                       ops[5]: "ok", ops[6]: "EACCES", "env": result["env"]}, result
     assert (granted.accepted, unlisted.accepted) == (accepted[0] + 1, accepted[1])
     # Python may coerce the C locale (PEP 538): LC_CTYPE is its own doing.
-    assert set(result["env"]) - {"LC_CTYPE"} == {"PROBE"}, result["env"]
+    # HOME, USER, LOGNAME: a dynamic user's, under a root supervisor.
+    extra = {"HOME", "USER", "LOGNAME"} if os.geteuid() == 0 else set()
+    assert set(result["env"]) - {"LC_CTYPE"} == {"PROBE"} | extra, result["env"]
     assert not (world.outside / "planted").exists() and not (world.projects / "planted").exists()
 
 
@@ -247,3 +251,30 @@ def test_git_repository_whose_config_reaches_outside(world: World, name: str) ->
     # A path outside --repository: the server's own check, for comparison.
     error, text = s.call("git_status", {"repo_path": str(world.secret)})
     check(error and "outside the allowed repository" in text, s, f"git_status outside: {text!r}")
+
+
+# ---- a dynamic user has no account outside the supervisor ------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor gives dynamic uids")
+def test_dynamic_user_is_known_to_node_and_python(world: World) -> None:
+    status, out = world.run("whoami")
+    assert status == 0, out
+    got = json.loads(out)
+    uid = int((world.state / "dynamic-users").read_text().split("whoami ")[1].split()[0])
+    assert got["node"]["uid"] == uid and got["node"]["username"] == "llsv-whoami", got
+    assert got["python"] == f"llsv-whoami {uid}", got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor gives dynamic uids")
+@pytest.mark.parametrize("name", ["git"])   # one: git-uvx, another uid, could not read its objects after
+def test_git_commit_as_a_dynamic_user(world: World, name: str) -> None:
+    s = server(world, name)
+    path = world.repo / f"added-by-{name}.txt"
+    path.write_text("committed by a server without an account\n")
+    os.chmod(path, 0o666)
+    error, text = s.call("git_add", {"repo_path": str(world.repo), "files": [path.name]})
+    check(not error, s, f"git_add: {text!r}")
+    error, text = s.call("git_commit", {"repo_path": str(world.repo), "message": f"from {name}"})
+    check(not error and "committed" in text.lower(), s, f"git_commit: {text!r}")
+    error, text = s.call("git_log", {"repo_path": str(world.repo)})
+    check(not error and f"from {name}" in text, s, f"git_log: {text!r}")

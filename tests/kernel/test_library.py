@@ -97,7 +97,8 @@ def private(tmp_path):
     secret.write_text("secret\n")
     _manifest(manifests, "strict", read=str(secret))
     _manifest(manifests, "lax", best_effort=True, read=str(secret))
-    client = supervisor.start(str(manifests), state_root=str(tmp_path / "state"))
+    client = supervisor.start(str(manifests), state_root=str(tmp_path / "state"),
+                              extra_args=["--allow-root-servers"])
     yield client
     assert client.close() == 0
 

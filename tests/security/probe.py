@@ -472,6 +472,39 @@ def op_ids():
     return {k: status[k].split() for k in ("Uid", "Gid", "CapEff", "CapPrm", "CapBnd", "NoNewPrivs")}
 
 
+def _shm_libc():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+    return ctypes, libc
+
+
+def op_shm_read(key):
+    """shmget(key) then shmat and read the segment's first bytes (SysV IPC)."""
+    ctypes, libc = _shm_libc()
+    shmid = libc.shmget(key, 0, 0)
+    if shmid < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+    addr = libc.shmat(shmid, None, 0o10000)  # SHM_RDONLY
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "shmat")
+    return ctypes.string_at(addr, 16).rstrip(b"\0").decode(errors="replace")
+
+
+def op_shm_create(key, text):
+    """A world-readable segment holding text (left for the test to remove)."""
+    ctypes, libc = _shm_libc()
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o666)  # IPC_CREAT
+    if shmid < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+    addr = libc.shmat(shmid, None, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "shmat")
+    ctypes.memmove(addr, text.encode(), len(text))
+    return shmid
+
+
 OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
 
 

@@ -419,7 +419,8 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     from supervisor import server
     lab.stock()
     supervisor = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)],
-                                                 state_root=str(lab.state_root)))
+                                                 state_root=str(lab.state_root),
+                                                 allow_root_servers=True))
     pid = 4_000_000  # above pid_max: nothing real gets signalled
     pipes = []
 

@@ -65,13 +65,15 @@ class Supervisor:
         self.log_path = lab.dir / f"supervisor-{len(lab.supervisors)}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False
+        self.allow_root = True      # --allow-root-servers: the lab's manifests run as root unless they name a user
 
     @property
     def argv(self) -> list[str]:
         argv = [PYTHON, "-m", "supervisor", "--socket", str(self.socket_path), "serve"]
         for m in self.manifests:
             argv += ["--manifests", str(m)]
-        return argv + ["--state-root", str(self.state_root), "--grace", str(GRACE), *self.extra]
+        return argv + ["--state-root", str(self.state_root), "--grace", str(GRACE),
+                       *(["--allow-root-servers"] if self.allow_root else []), *self.extra]
 
     def start(self, timeout: float = 10) -> "Supervisor":
         with open(self.log_path, "ab") as log:

@@ -282,9 +282,9 @@ def test_stale_record_of_a_reused_pid_is_not_killed(lab):
 
 # ---- manifests the supervisor refuses ----------------------------------------------------------
 
-def _serve(lab, timeout=10):
+def _serve(lab, timeout=10, extra=("--allow-root-servers",)):
     return subprocess.run([PYTHON, "-m", "supervisor", "--socket", str(lab.dir / "run" / "socket"), "serve",
-                           "--manifests", str(lab.manifest_dir), "--state-root", str(lab.state_root)],
+                           "--manifests", str(lab.manifest_dir), "--state-root", str(lab.state_root), *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -377,7 +377,7 @@ def test_socket_activation(lab):
     script = ('exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"')
     proc = subprocess.Popen(["sh", "-c", script, "sh", PYTHON, "-m", "supervisor", "serve",
                              "--manifests", str(lab.manifest_dir), "--state-root", str(lab.state_root),
-                             "--grace", str(GRACE)],
+                             "--grace", str(GRACE), "--allow-root-servers"],
                             cwd=REPO, stdin=listener.fileno(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     listener.close()

@@ -210,7 +210,8 @@ def test_private_supervisor_children_keep_default_signals(lab):
     internal signals ignored; none of that reaches its children."""
     lab.manifest("status", command="/bin/cat", args=["/proc/self/status"],
                  sandbox={"profiles": ["system"], "read_only_noexec": ["/proc"]})
-    with supervisor.start(str(lab.manifest_dir), state_root=str(lab.state_root)) as client:
+    with supervisor.start(str(lab.manifest_dir), state_root=str(lab.state_root),
+                          extra_args=["--allow-root-servers"]) as client:
         r = run(client, "status")
     status = proc_status(r.text)
     assert int(status["SigIgn"], 16) == 0 and int(status["SigBlk"], 16) == 0, status

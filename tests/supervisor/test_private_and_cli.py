@@ -24,7 +24,7 @@ def private(lab, monkeypatch):
     runtime.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     monkeypatch.delenv("LANDLOCK_SUPERVISOR_SOCKET", raising=False)
-    client = supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"])
+    client = supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1", "--allow-root-servers"])
     yield client
     if client._control.fileno() >= 0:
         client.close()
@@ -63,7 +63,7 @@ def test_private_server_holds_none_of_the_proxys_fds(lab):
     os.set_inheritable(w, True)
     os.set_inheritable(r, True)
     try:
-        with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"]) as client:
+        with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1", "--allow-root-servers"]) as client:
             ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (r, w)}
             theirs = set()
             for fd in os.listdir(f"/proc/{client.server_pid}/fd"):
@@ -108,7 +108,7 @@ def test_private_exec_failure_and_many_spawns(lab, monkeypatch):
     program.chmod(0o755)
     lab.manifest("server", command=str(program))
     lab.stock()
-    with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1"]) as client:
+    with supervisor.start(manifests=str(lab.manifest_dir), extra_args=["--grace", "1", "--allow-root-servers"]) as client:
         program.unlink()
         with pytest.raises(SpawnFailed) as e:
             run(client, "server")
@@ -139,7 +139,7 @@ def runner(request, lab):
     if request.param == "daemon":
         svr = lab.start()
         return ["--socket", str(svr.socket_path), "run"]
-    return ["run", "--manifests", str(lab.manifest_dir)]
+    return ["run", "--allow-root-servers", "--manifests", str(lab.manifest_dir)]
 
 
 @pytest.mark.timeout(30)

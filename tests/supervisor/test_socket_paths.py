@@ -74,7 +74,7 @@ def test_run_with_manifests_runs_exactly_those(lab):
     lab.manifest("greet", command="/bin/echo", args=["from the private one"])
     svr = lab.start(manifests=[daemon_dir])
     env = {**os.environ, "LANDLOCK_SUPERVISOR_SOCKET": str(svr.socket_path)}
-    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--manifests", str(lab.manifest_dir), "greet"],
+    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--allow-root-servers", "--manifests", str(lab.manifest_dir), "greet"],
                        cwd=REPO, capture_output=True, text=True, timeout=20, env=env)
     assert (r.returncode, r.stdout) == (0, "from the private one\n"), r
     svr.stop()
@@ -85,9 +85,9 @@ def test_run_with_manifests_runs_exactly_those(lab):
     s.bind(str(stale))
     s.close()   # a socket file nobody listens on
     env["LANDLOCK_SUPERVISOR_SOCKET"] = str(stale)
-    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--manifests", str(lab.manifest_dir), "greet"],
+    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--allow-root-servers", "--manifests", str(lab.manifest_dir), "greet"],
                        cwd=REPO, capture_output=True, text=True, timeout=20, env=env)
     assert (r.returncode, r.stdout) == (0, "from the private one\n"), r
-    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(stale), "--manifests",
+    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(stale), "--allow-root-servers", "--manifests",
                         str(lab.manifest_dir), "greet"], cwd=REPO, capture_output=True, text=True, timeout=20)
     assert r.returncode == 2 and "--socket" in r.stderr and "Traceback" not in r.stderr, r

@@ -1,0 +1,211 @@
+"""The state layout, dynamic users, the root gating and the namespaces of a
+root supervisor (issue 11, findings 1, 3 and 6)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from multiprocessing import Pool
+
+import pytest
+from svhelpers import PYTHON, REPO, run
+
+from supervisor import ids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root supervisor's behaviour")
+
+# Prints what a server without a passwd entry of its own would ask for.
+WHO = """
+import getpass, json, os, pwd, sys
+out = {"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd(),
+       "env": {k: os.environ.get(k) for k in ("HOME", "USER", "LOGNAME", "STATE_DIR")},
+       "getuser": getpass.getuser()}
+try:
+    out["pw_name"] = pwd.getpwuid(os.getuid()).pw_name
+except KeyError:
+    out["pw_name"] = None
+path = os.environ.get("MEMORY_FILE_PATH")
+if path:
+    try:
+        out["memory"] = open(path).read()
+    except OSError as e:
+        out["memory"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+def who_manifest(lab, name, **fields):
+    fields.setdefault("user", "dynamic")
+    fields.setdefault("state_dir", True)
+    return lab.manifest(name, command="/usr/bin/python3", args=["-I", "-c", WHO],
+                        sandbox={"profiles": ["system", "python"], **fields.pop("sandbox", {})}, **fields)
+
+
+def who(client, name):
+    r = run(client, name)
+    assert r.code == 0, r
+    return json.loads(r.out)
+
+
+def table(lab):
+    return dict(line.split() for line in (lab.state_root / ids.TABLE).read_text().splitlines())
+
+
+@pytest.mark.timeout(30)
+def test_root_manifests_refused_without_the_option_others_load(lab):
+    lab.manifest("rooty", command="/bin/true")                 # allow_root: true
+    named = lab.manifest("named-root", command="/bin/true", user="root")
+    who_manifest(lab, "dyn")
+    sv = lab.supervisor()
+    sv.allow_root = False
+    sv.start()
+    assert sorted(sv.client.list()["manifests"]) == ["dyn"]
+    lines = [line for line in sv.log().splitlines() if "refused" in line]
+    assert len(lines) == 2, sv.log()
+    for path in (lab.manifest_dir / "rooty.yaml", named):
+        assert sum(str(path) in line and "--allow-root-servers" in line for line in lines) == 1, lines
+
+
+@pytest.mark.timeout(30)
+def test_user_root_is_root_with_the_option(lab):
+    lab.manifest("named-root", command="/bin/true", user="root")
+    sv = lab.start()
+    assert sorted(sv.client.list()["manifests"]) == ["named-root"]
+
+
+@pytest.mark.timeout(40)
+def test_dynamic_user_gets_a_stable_uid_home_user_and_a_passwd_entry(lab):
+    who_manifest(lab, "dyn")
+    who_manifest(lab, "dyn2")
+    sv = lab.start()
+    first, second = who(sv.client, "dyn"), who(sv.client, "dyn2")
+    lo, hi = ids.DEFAULT_DYNAMIC_UIDS
+    assert lo <= first["uid"] <= hi and first["gid"] == first["uid"], first
+    assert second["uid"] != first["uid"], (first, second)
+    state_dir = str(lab.state_root / "servers" / "dyn" / "state")
+    assert first["env"] == {"HOME": state_dir, "USER": "llsv-dyn", "LOGNAME": "llsv-dyn", "STATE_DIR": None}, first
+    assert first["cwd"] == state_dir
+    assert first["getuser"] == "llsv-dyn" and first["pw_name"] == "llsv-dyn", first
+    assert table(lab) == {"dyn": str(first["uid"]), "dyn2": str(second["uid"])}
+    area = os.lstat(lab.state_root / "servers" / "dyn")
+    assert area.st_uid == 0 and stat.S_IMODE(area.st_mode) == 0o755
+    st = os.lstat(state_dir)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (first["uid"], first["uid"], 0o700)
+    # The host's /etc/passwd is untouched.
+    with open("/etc/passwd") as f:
+        assert "llsv-" not in f.read()
+    sv.stop()
+    # Stable across restarts, whatever the order of the manifests: aa-new loads first now.
+    (lab.manifest_dir / "dyn2.yaml").unlink()
+    who_manifest(lab, "aa-new")
+    sv = lab.start()
+    assert who(sv.client, "dyn")["uid"] == first["uid"]
+    assert who(sv.client, "aa-new")["uid"] not in (first["uid"], second["uid"])
+
+
+def _assign(args):
+    root, name = args
+    return ids.Table(root).assign([name])[name]
+
+
+@pytest.mark.timeout(30)
+def test_table_never_hands_one_uid_to_two_names(tmp_path):
+    root = str(tmp_path)
+    with Pool(4) as pool:
+        got = pool.map(_assign, [(root, f"m{i}") for i in range(24)])
+    assert len(set(got)) == 24
+    again = ids.Table(root).assign([f"m{i}" for i in range(24)])
+    assert [again[f"m{i}"] for i in range(24)] == got
+
+
+def test_ranges_checked():
+    with pytest.raises(ids.IdError, match="overlap"):
+        ids.check_ranges((1879048192, 1879113727), (1879113727, 1879179263))
+    with pytest.raises(ids.IdError, match="DynamicUser"):
+        ids.check_ranges((61000, 61500), ids.DEFAULT_SESSION_GIDS)
+    with pytest.raises(ids.IdError, match="test suites"):
+        ids.check_ranges(ids.DEFAULT_DYNAMIC_UIDS, (64500, 64600))
+    known = min(i for i in ids.known_ids() if i > 0)
+    with pytest.raises(ids.IdError, match="known to NSS"):
+        ids.check_ranges((known, known), ids.DEFAULT_SESSION_GIDS)
+    with pytest.raises(ids.IdError):
+        ids.parse_range("0-10", "--dynamic-uids")
+    ids.check_ranges(ids.DEFAULT_DYNAMIC_UIDS, ids.DEFAULT_SESSION_GIDS)
+
+
+@pytest.mark.timeout(20)
+def test_serve_refuses_a_range_in_systemds(lab):
+    lab.manifest("t", command="/bin/true")
+    r = subprocess.run([PYTHON, "-m", "supervisor", "--socket", str(lab.dir / "s"), "serve", "--manifests",
+                        str(lab.manifest_dir), "--state-root", str(lab.state_root),
+                        "--dynamic-uids", "61184-61200"], cwd=REPO, capture_output=True, text=True, timeout=15)
+    assert r.returncode == 2 and "DynamicUser" in r.stderr, r
+
+
+@pytest.mark.timeout(40)
+def test_old_layout_moved_nothing_lost_no_link_followed(lab):
+    """servers/<name> was the state dir itself, root-owned (an allow_root
+    server), with its memory file, a cache, and a link a server planted."""
+    old = lab.state_root / "servers" / "mem"
+    (old / "npm-cache" / "_cacache").mkdir(parents=True)
+    (old / "npm-cache" / "_cacache" / "index").write_text("cached")
+    (old / "memory.jsonl").write_text('{"entity": "kept"}\n')
+    os.chmod(old / "memory.jsonl", 0o600)
+    secret = lab.dir / "secret"
+    secret.mkdir(mode=0o700)
+    os.symlink(secret, old / "uv-cache")
+    who_manifest(lab, "mem", env={"MEMORY_FILE_PATH": "${STATE_DIR}/memory.jsonl"})
+    sv = lab.start()
+    got = who(sv.client, "mem")
+    assert got["memory"] == '{"entity": "kept"}\n', got
+    area = lab.state_root / "servers" / "mem"
+    assert os.lstat(area).st_uid == 0 and stat.S_IMODE(os.lstat(area).st_mode) == 0o755
+    assert (area / "npm-cache" / "_cacache" / "index").read_text() == "cached"
+    assert os.lstat(area / "state" / "memory.jsonl").st_uid == got["uid"]
+    assert os.path.islink(area / "state" / "uv-cache") and not (area / "uv-cache").exists()
+    assert os.lstat(secret).st_uid == 0 and stat.S_IMODE(os.lstat(secret).st_mode) == 0o700
+    assert "new layout" in sv.log()
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("planted", ["link-to-secret", "dangling", "foreign-dir"])
+def test_hostile_state_entry_refuses_that_manifest_only(lab, planted):
+    area = lab.state_root / "servers" / "victim"
+    area.mkdir(parents=True)
+    secret = lab.dir / "secret"
+    secret.mkdir(mode=0o700)
+    if planted == "link-to-secret":
+        os.symlink(secret, area / "state")
+    elif planted == "dangling":
+        os.symlink("/nonexistent/x", area / "state")
+    else:
+        (area / "state").mkdir()
+        os.chown(area / "state", 64999, 64999)
+    who_manifest(lab, "victim")
+    who_manifest(lab, "bystander")
+    sv = lab.start()
+    assert sorted(sv.client.list()["manifests"]) == ["bystander"]
+    assert "victim.yaml: refused" in sv.log()
+    assert os.lstat(secret).st_uid == 0 and os.lstat(area).st_uid == 0
+    sv.signal(1)   # a reload meets it again: still refused, still serving
+    assert who(sv.client, "bystander")["uid"] > 0
+
+
+@pytest.mark.timeout(30)
+def test_children_live_in_the_supervisors_ipc_namespace(lab):
+    lab.manifest("sleep", command="/bin/sleep", args=["5"])
+    sv = lab.start()
+    r_in, r_out = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    child = sv.client.spawn("sleep", stdin=null, stdout=r_out, stderr=r_out)
+    try:
+        theirs = os.readlink(f"/proc/{child.pid}/ns/ipc")
+        assert theirs != os.readlink("/proc/self/ns/ipc")
+        assert theirs == os.readlink(f"/proc/{sv.pid}/ns/ipc")
+    finally:
+        child.kill()
+        child.wait(5)
+        child.close()
+        for fd in (r_in, r_out, null):
+            os.close(fd)
