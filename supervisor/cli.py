@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
+DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +28,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-group", action="append", default=[], metavar="GROUP")
     serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    serve.add_argument("--max-connections", type=int, default=512, metavar="N",
+                       help="open connections in all (default 512); the last 32 are kept for the supervisor's "
+                            "own uid, as are its last file descriptors")
+    serve.add_argument("--max-connections-per-uid", type=int, default=128, metavar="N",
+                       help="open connections of one uid other than the supervisor's (default 128)")
+    serve.add_argument("--max-children", type=int, default=256, metavar="N", help="children in all (default 256)")
+    serve.add_argument("--max-children-per-uid", type=int, default=64, metavar="N",
+                       help="children spawned for one client uid (default 64)")
+    serve.add_argument("--session-gids", metavar="FIRST-LAST",
+                       help="as root: each child runs with a gid of its own from this range, so that no child "
+                            "can change another's or the supervisor's resource limits "
+                            f"(default {DEFAULT_SESSION_GIDS[0]}-{DEFAULT_SESSION_GIDS[1]}; 'none': off)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
 
     run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
@@ -88,9 +101,28 @@ def _serve(args: argparse.Namespace) -> int:
         listen_fd = 3  # SD_LISTEN_FDS_START
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(var, None)
+    session_gids: tuple[int, int] | None = None
+    if os.geteuid() == 0 and args.session_gids != "none":
+        session_gids = DEFAULT_SESSION_GIDS
+        if args.session_gids:
+            first, _, last = args.session_gids.partition("-")
+            if not (first.isdigit() and last.isdigit() and 0 < int(first) <= int(last)):
+                return _fail(EXIT_USAGE, f"--session-gids: expected FIRST-LAST, 0 < FIRST <= LAST, "
+                                         f"got {args.session_gids!r}")
+            session_gids = (int(first), int(last))
+    numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
+               "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}
+    for option, value in numbers.items():
+        if value < 1:
+            return _fail(EXIT_USAGE, f"{option}: expected a positive number, got {value}")
+    limits = Limits(grace=args.grace, connections=args.max_connections,
+                    connections_per_uid=args.max_connections_per_uid,
+                    owner_connections=min(32, args.max_connections // 4),
+                    children=args.max_children, children_per_uid=args.max_children_per_uid)
     config = Config(manifest_paths=args.manifests, socket_path=args.socket, listen_fd=listen_fd,
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
-                    state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace))
+                    state_root=args.state_root or default_state_root(), limits=limits,
+                    session_gids=session_gids)
     try:
         supervisor = Supervisor(config)
     except (ManifestError, OSError) as e:
