@@ -683,6 +683,9 @@ class Supervisor:
             protocol.close_all(fds)
             self._deadline(conn, self.limits.linger)
             raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
+        while self.zygote.tampered:
+            log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
+                "waited: discarded, a fresh child serves the request")
         if pooled is None:
             self._fresh(conn, m, launch, stdio)
             return

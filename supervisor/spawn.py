@@ -104,6 +104,21 @@ class Pooled:
     gid: int | None = None    # its session gid
 
 
+def _proc_limits(pid: int) -> bytes | None:
+    """/proc/PID/limits: readable by anyone, where prlimit(2) of another
+    uid or gid would need CAP_SYS_RESOURCE."""
+    try:
+        fd = os.open(f"/proc/{pid}/limits", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 8192)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class Zygote:
     """The supervisor's handle on its zygote and on the pooled children it
     forked. A spawn without a pool is one request answered before the next
@@ -127,6 +142,8 @@ class Zygote:
         self.retired: set[int] = set()  # sent away unused: reaped, not orphans
         self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
         self.gid_of: dict[int, int] = {}  # pooled children sent away: their gids, until reaped
+        self.limits = b""   # /proc/<zygote>/limits: what a pooled child has until its hand-over
+        self.tampered: list[int] = []  # pooled children found with other limits, sent away (the caller logs them)
         self.outstanding: set[int] = set()  # gids sent to the zygote for children not yet announced
 
     def start(self) -> None:
@@ -151,6 +168,7 @@ class Zygote:
         if self.nofile is not None:
             # Before its first fork (it forks only when asked).
             resource.prlimit(self.pid, resource.RLIMIT_NOFILE, self.nofile)
+        self.limits = _proc_limits(self.pid) or b""
 
     def spawn(self, launch: Launch, stdio: list[int], gid: int | None = None) -> tuple[int, int]:
         """Fork a child for launch (with session gid `gid`); returns (pid,
@@ -231,6 +249,14 @@ class Zygote:
         try:
             while children:
                 child = children.pop()
+                if child.gid is None and _proc_limits(child.pid) != self.limits:
+                    # Without a gid of its own, a process of its uid and gid
+                    # may have lowered its limits while it waited (an
+                    # unchanged one also compares them itself, at hand-over).
+                    self.tampered.append(child.pid)
+                    self._send_away(child)
+                    child.handover.close()
+                    continue
                 try:
                     child.handover.sendmsg([request], protocol.rights([*stdio, err_w]))
                 except OSError:
