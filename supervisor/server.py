@@ -950,6 +950,8 @@ class Supervisor:
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
         self._send(session.conn, {"event": "exited", "pid": session.pid, "reason": reason, **exited})
+        if session.conn is not None and session.conn.session is session:
+            self._deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         self._forget(session)
 
     def _forget(self, session: Session) -> None:
@@ -995,8 +997,9 @@ def _socket_directory(directory: str, open_to_others: bool) -> None:
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         why = f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
     if why:
-        raise SystemExit(f"landlock-supervisor: the socket's directory {directory} {why}: "
-                         "anyone who can write there could replace the socket; use another --socket")
+        raise SystemExit(f"landlock-supervisor: the socket's directory {directory} {why}: not using it "
+                         "(clients could be sent to another socket); give --socket a path in a directory "
+                         "of root's or the supervisor's own")
 
 
 def _own_limits() -> tuple[tuple[int, int], ...]:
