@@ -10,16 +10,16 @@ docs/security.md (the Escape catalogue, or Limits for check_limit).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import resource
 import shutil
-import signal
-import socket
+import struct
 import subprocess
 import sys
-import time
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,21 @@ def test_tiocsti_with_terminal_true(rt):
         os.close(master)
         os.close(slave)
     check_limit("tiocsti-terminal", o[0]["ok"] and o[1]["ok"] and b"id" in echoed)
+
+
+@pytest.mark.timeout(30)
+def test_ioctl_on_an_inherited_terminal(rt):
+    """A terminal passed as stdin (to a manifest with `terminal: true`): its
+    ioctls (window size, termios) change the client's terminal: Landlock's
+    IOCTL_DEV is checked at open(), not on inherited fds."""
+    master, slave = pty.openpty()
+    try:
+        o = attack(rt.client, "tty", [["tiocswinsz", 33, 111]], stdin=slave)
+        rows, cols = struct.unpack("HHHH", fcntl.ioctl(master, termios.TIOCGWINSZ, b"\0" * 8))[:2]
+    finally:
+        os.close(master)
+        os.close(slave)
+    check_limit("ioctl-inherited", o[0]["ok"] and (rows, cols) == (33, 111))
 
 
 # ---- scheduling ---------------------------------------------------------------------------------

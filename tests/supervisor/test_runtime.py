@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
-import re
+import selectors
 import signal
 import socket
 import stat
@@ -326,3 +326,55 @@ def test_terminal_refused_as_stdio_unless_the_manifest_takes_one(lab):
     finally:
         for fd in (master, slave, null):
             os.close(fd)
+
+
+# ---- a fork whose error pipe cannot be received --------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_forked_reply_without_its_error_pipe_kills_the_child(monkeypatch):
+    """At the fd limit the zygote's `forked` reply arrives without its fd:
+    the child is killed (never left running untracked) and NoErrorPipe
+    raised; the supervisor answers it with spawn_failed."""
+    from supervisor import spawn
+    victim = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    z = spawn.Zygote(selectors.DefaultSelector())
+
+    class Channel:
+        def sendmsg(self, *args):
+            return 0
+    z.channel = Channel()
+    monkeypatch.setattr(z, "_reply", lambda: ("forked", victim.pid))
+    launch = spawn.Launch("/bin/true", ["/bin/true"], {}, "/", 0o77,
+                          type("C", (), {"ruleset": type("R", (), {"fd": -1})(), "entry": ()})())
+    with pytest.raises(spawn.NoErrorPipe):
+        z.spawn(launch, [0, 1, 2], None)
+    assert victim.wait(5) == -signal.SIGKILL
+    assert victim.pid in z.retired
+    z.channel = None
+
+
+@pytest.mark.timeout(30)
+def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
+    from supervisor import peers, spawn
+    lab.stock()
+    sv = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)], state_root=str(lab.state_root),
+                                         session_gids=(1879113728, 1879113730)))
+
+    def fake_spawn(launch, stdio, gid=None):
+        raise spawn.NoErrorPipe(24, "the supervisor is out of file descriptors")
+    monkeypatch.setattr(sv.zygote, "spawn", fake_spawn)
+    sent = []
+    monkeypatch.setattr(sv, "_send", lambda conn, message: sent.append(message))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn = server.Connection(a, peers.Peer(os.getpid(), 0, 0))
+        fds = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
+        with pytest.raises(server.protocol.ProtocolError) as e:
+            sv._spawn(conn, {"v": 1, "op": "spawn", "manifest": "true"}, fds)
+        assert e.value.code == "spawn_failed" and "killed" in str(e.value)
+        assert not sv.sessions and not sv.gids.used and fds == []
+    finally:
+        a.close()
+        b.close()
+        for c in sv.confinements.values():
+            c.close()
