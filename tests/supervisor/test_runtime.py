@@ -378,3 +378,44 @@ def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
         b.close()
         for c in sv.confinements.values():
             c.close()
+
+
+_HOLD = """
+import json, socket, sys
+held, codes = [], []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(sys.argv[1])
+    try:
+        s.send(json.dumps({"v": 1, "op": "ping"}).encode())
+    except OSError:
+        pass
+    try:
+        data = s.recv(65536)
+    except ConnectionResetError:
+        data = s.recv(65536)
+    reply = json.loads(data)
+    codes.append(reply.get("code", reply.get("event")))
+    held.append(s)
+print(json.dumps(codes))
+"""
+
+
+@needs_root
+@pytest.mark.timeout(30)
+def test_connections_per_uid(lab):
+    """Another uid gets --max-connections-per-uid connections, then
+    too_many_connections; the owner is not held to it."""
+    lab.stock()
+    sv = lab.start(extra=["--allow-uid", str(OTHER_UID), "--max-connections-per-uid", "3"])
+    out = subprocess.run([sys.executable, "-c", _HOLD, str(sv.socket_path), "5"], user=OTHER_UID,
+                         group=OTHER_UID, extra_groups=[], capture_output=True, timeout=10)
+    assert json.loads(out.stdout) == ["pong"] * 3 + ["too_many_connections"] * 2, out
+    owner = [connect(str(sv.socket_path)) for _ in range(5)]
+    try:
+        for s in owner:
+            send(s, {"op": "ping"})
+            assert recv(s)["event"] == "pong"
+    finally:
+        for s in owner:
+            s.close()
