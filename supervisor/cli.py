@@ -40,6 +40,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s)")
     serve.add_argument("--session-gids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_SESSION_GIDS,
                        help="a root supervisor's per-session gids (default %(default)s)")
+    serve.add_argument("--max-connections", type=int, default=512, metavar="N",
+                       help="open connections in all (default 512); the last 32 are kept for the supervisor's "
+                            "own uid, as are its last file descriptors")
+    serve.add_argument("--max-connections-per-uid", type=int, default=128, metavar="N",
+                       help="open connections of one uid other than the supervisor's (default 128)")
+    serve.add_argument("--max-children", type=int, default=256, metavar="N", help="children in all (default 256)")
+    serve.add_argument("--max-children-per-uid", type=int, default=64, metavar="N",
+                       help="children spawned for one client uid (default 64)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
 
     run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
@@ -123,9 +131,18 @@ def _serve(args: argparse.Namespace) -> int:
             socket_path = default_socket_path()
         except NoDefaultSocket as e:
             return _fail(EXIT_USAGE, str(e))
+    numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
+               "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}
+    for option, value in numbers.items():
+        if value < 1:
+            return _fail(EXIT_USAGE, f"{option}: expected a positive number, got {value}")
+    limits = Limits(grace=args.grace, connections=args.max_connections,
+                    connections_per_uid=args.max_connections_per_uid,
+                    owner_connections=min(32, args.max_connections // 4),
+                    children=args.max_children, children_per_uid=args.max_children_per_uid)
     config = Config(manifest_paths=args.manifests, socket_path=socket_path, listen_fd=listen_fd,
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
-                    state_root=args.state_root or default_state_root(), limits=Limits(grace=args.grace),
+                    state_root=args.state_root or default_state_root(), limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
                     session_gids=session_gids if os.geteuid() == 0 else None)
     try:
@@ -145,6 +162,101 @@ def _client_for(args: argparse.Namespace) -> Any:
         return start(args.manifests, state_root=args.state_root,
                      extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
     return clients.Client(args.socket)
+
+
+class _Relay:
+    """`run` from a terminal: the child gets pipes, copied here to and from
+    our terminal fds, never the terminal itself (a child leading its own
+    session could make it its controlling terminal and type into it)."""
+
+    def __init__(self) -> None:
+        self.child_fds: list[int] = [0, 1, 2]
+        self.ours: list[int] = []          # the child's ends, closed once it has them
+        self.inbound: int | None = None    # our write end of the child's stdin
+        self.pending = b""
+        self.outbound: dict[int, int] = {}  # our read end -> our fd it goes to
+        if os.isatty(0):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(w, False)
+            self.child_fds[0], self.inbound = r, w
+            self.ours.append(r)
+        for fd in (1, 2):
+            if os.isatty(fd):
+                r, w = os.pipe2(os.O_CLOEXEC)
+                self.child_fds[fd] = w
+                self.outbound[r] = fd
+                self.ours.append(w)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ours or self.outbound or self.inbound is not None)
+
+    def started(self) -> None:
+        for fd in self.ours:
+            os.close(fd)
+        self.ours = []
+
+    def readers(self) -> list[int]:
+        fds = list(self.outbound)
+        if self.inbound is not None and not self.pending:
+            fds.append(0)
+        return fds
+
+    def writers(self) -> list[int]:
+        return [self.inbound] if self.inbound is not None and self.pending else []
+
+    def handle(self, readable: list[int], writable: list[int]) -> None:
+        for r in [fd for fd in readable if fd in self.outbound]:
+            try:
+                data = os.read(r, 65536)
+            except OSError:
+                data = b""
+            if data:
+                _write_all(self.outbound[r], data)
+            else:
+                os.close(r)
+                del self.outbound[r]
+        if 0 in readable and self.inbound is not None:
+            try:
+                self.pending = os.read(0, 65536)
+            except OSError:
+                self.pending = b""
+            if not self.pending:
+                self._close_inbound()  # EOF (^D): the child's stdin ends too
+        if self.inbound is not None and self.pending:  # non-blocking: what fits now
+            try:
+                self.pending = self.pending[os.write(self.inbound, self.pending):]
+            except BlockingIOError:
+                pass
+            except OSError:  # the child closed its stdin
+                self._close_inbound()
+
+    def _close_inbound(self) -> None:
+        if self.inbound is not None:
+            os.close(self.inbound)
+            self.inbound = None
+        self.pending = b""
+
+    def drain(self, timeout: float = 1.0) -> None:
+        """After the child's exit: what it wrote, until EOF (or a leftover
+        holding the pipe stays quiet for `timeout`)."""
+        self._close_inbound()
+        while self.outbound:
+            ready = select.select(list(self.outbound), [], [], timeout)[0]
+            if not ready:
+                break
+            self.handle(ready, [])
+        for r in self.outbound:
+            os.close(r)
+        self.outbound = {}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except OSError:
+            return
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -168,9 +280,11 @@ def _run(args: argparse.Namespace) -> int:
     except PrivateStartFailed as e:
         # Its own line (a manifest error, say) is already on stderr; its status says which kind.
         return _fail(EXIT_USAGE if e.status == EXIT_USAGE else 1, str(e))
+    relay = _Relay()
     try:
         try:
-            child = client.spawn(args.name, extra, stdin=0, stdout=1, stderr=2, env=env)
+            stdin, stdout, stderr = relay.child_fds
+            child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
         except clients.NoSuchManifest as e:
             return _fail(EXIT_USAGE, str(e))
         except clients.ConfinementUnavailable as e:
@@ -180,15 +294,21 @@ def _run(args: argparse.Namespace) -> int:
         except clients.SupervisorError as e:
             refused = e.code.startswith("bad") or e.code in ("args_refused", "env_refused")
             return _fail(EXIT_USAGE if refused else 1, str(e))
+        finally:
+            relay.started()
         while child.exited is None:
-            ready, _, _ = select.select([child.fileno(), r], [], [])
+            ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
             if r in ready:
                 for sig in os.read(r, 64):
                     child.signal(sig, wait=False)
+            relay.handle(ready, writable)
             if child.fileno() in ready:
                 child.poll()
+        relay.drain()
         return reap.shell_status(child.exited)
     finally:
+        relay.started()
+        relay.drain(0)
         if hasattr(client, "close"):
             client.close()
 

@@ -29,7 +29,8 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
 MAX_POOL = 8
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
-             "user", "group", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool"}
+             "user", "group", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
+             "terminal"}
 _SANDBOX_KEYS = {*PATH_CLASSES, "profiles", "network", "rlimits", "require", "best_effort",
                  "scopes", "strict_paths", "log", "max_abi"}
 _NETWORK_KEYS = {"connect_tcp", "bind_tcp", "connect_udp", "bind_udp", "unrestricted"}
@@ -56,6 +57,7 @@ class Manifest:
     spec: landlock.Spec
     allow_root: bool = False
     pool: int = 0                    # children kept forked and confined, ready for a request
+    terminal: bool = False           # a client may pass a terminal as stdio (it can then inject input)
     warnings: tuple[str, ...] = field(default=())
     area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
     dynamic: bool = False            # `user: dynamic`
@@ -223,6 +225,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     if not 0 <= umask <= 0o777:
         top.fail("umask", "expected an octal value from 000 to 777")
     pool = top.get("pool", int, 0)
+    terminal = top.get("terminal", bool, False)
     if not 0 <= pool <= MAX_POOL:
         top.fail("pool", f"expected 0 to {MAX_POOL} children, got {pool}")
     on_disconnect = top.get("on_disconnect", str, "kill")
@@ -305,7 +308,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
                     env=tuple(sorted(manifest_env.items())), inherit_env=tuple(inherit_env),
                     client_env=frozenset(client_env), client_args=top.get("client_args", bool, False),
                     umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
-                    allow_root=allow_root, pool=pool, warnings=tuple(warnings), area=area,
+                    allow_root=allow_root, pool=pool, terminal=terminal, warnings=tuple(warnings), area=area,
                     dynamic=dynamic, uid=creds.uid if creds else None,
                     runs_as_root=as_root and (allow_root or (creds is not None and creds.uid == 0)))
 

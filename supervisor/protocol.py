@@ -129,8 +129,11 @@ def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 def close_all(fds: list[int]) -> None:
+    """Emptied as well: closed twice, a number could be another fd by then."""
     for fd in fds:
         try:
             os.close(fd)
         except OSError:
             pass
+    if isinstance(fds, list):
+        fds.clear()

@@ -5,16 +5,18 @@ them makes every fork slower, and threading would make fork unsound.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import heapq
 import itertools
 import os
+import resource
 import selectors
 import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +31,14 @@ from .manifest import Manifest, ManifestError
 
 # What a root supervisor keeps in its bounding set: users and groups to
 # switch to, capabilities and securebits to drop, state directories to chown,
-# paths of other users to read, children of other uids to signal.
+# paths of other users to read, children of other uids to signal, its own
+# resource limits to restore.
 KEEP_CAPABILITIES = (prctl.CAP_CHOWN, prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH,
                      prctl.CAP_FOWNER, prctl.CAP_KILL, prctl.CAP_SETGID, prctl.CAP_SETUID,
-                     prctl.CAP_SETPCAP)
+                     prctl.CAP_SETPCAP, prctl.CAP_SYS_RESOURCE)
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
+RLIMITS = tuple(range(16))   # RLIMIT_CPU .. RLIMIT_RTTIME
 
 
 @dataclass
@@ -42,7 +46,10 @@ class Limits:
     children: int = 256           # in total
     children_per_uid: int = 64
     connections: int = 512
+    connections_per_uid: int = 128  # for every uid but the supervisor's own
+    owner_connections: int = 32    # of `connections`, kept for the supervisor's own uid
     request_deadline: float = 5.0  # seconds a connection has to send its first request
+    linger: float = 5.0           # seconds a connection stays open, idle, after its child's exit
     grace: float = 5.0            # TERM, then KILL this long after
     max_args: int = 256
     max_arg_bytes: int = 32 * 1024
@@ -54,7 +61,7 @@ class Connection:
     peer: peers.Peer
     control: bool = False          # private mode's control channel
     session: "Session | None" = None
-    deadline: float | None = None   # monotonic time its first request is due by; None once it came
+    deadline: float | None = None   # monotonic time it is closed by unless it asks for something
 
 
 @dataclass
@@ -70,6 +77,10 @@ class Session:
     kill_reason: str | None = None
     record: str | None = None       # the file in sessions/ that outlives a crash
     kill_timer: Any = None
+    gid: int | None = None          # its session gid (Config.session_gids)
+    leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
+    retry: "tuple[spawn.Launch, list[int]] | None" = None  # a pooled child's request and the client's stdio,
+                                                          # kept until it execs: a fresh child's if it was tampered with
 
 
 @dataclass
@@ -106,7 +117,20 @@ class Supervisor:
         self.connections: dict[int, Connection] = {}
         self.sessions: dict[int, Session] = {}
         self.confinements: dict[landlock.Spec, landlock.Confinement] = {}
-        self.zygote = spawn.Zygote(self.selector)
+        self.gids = spawn.Gids(*config.session_gids) if config.session_gids else None
+        # Connections cost fds: ours go up to the hard limit; children keep
+        # the limit we were given (the zygote's, set back at its start).
+        self.nofile_start = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile_start[1], self.nofile_start[1]))
+        except (OSError, ValueError) as e:
+            log(f"cannot raise the soft NOFILE limit to the hard one: {e}")
+        self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        # fds kept for the owner: a spawn takes ~10 at once, more to build a ruleset.
+        self.fd_reserve = max(16, min(64, self.fd_limit // 8))
+        self.own_limits = _own_limits()
+        self.connections_of: dict[int, int] = {}   # uid -> its open connections
+        self.zygote = spawn.Zygote(self.selector, self.gids, self.nofile_start)
         self.not_descendants: dict[tuple[int, str], bool] = {}  # (pid, starttime) of peers checked
         self.sweeping = False                                 # the request-deadline sweep is scheduled
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
@@ -151,9 +175,7 @@ class Supervisor:
         else:
             path = self.config.socket_path or default_socket_path()
             open_to_others = bool(self.config.allow_uids or self.config.allow_gids)
-            directory = os.path.dirname(path)
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            os.chmod(directory, 0o711 if open_to_others else 0o700)
+            _socket_directory(os.path.dirname(path) or ".", open_to_others)
             self._clear_stale(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             old = os.umask(0o177)
@@ -350,10 +372,10 @@ class Supervisor:
             except OSError:
                 sock.close()
                 continue
-            refusal = self._refusal(peer)
+            refusal = self._refusal(peer, max(sock.fileno(), peer.pidfd))
             if refusal:
                 self.stats["refused"] += 1
-                self._reply(sock, {"event": "error", "code": "refused_peer", "error": refusal})
+                self._reply(sock, {"event": "error", "code": refusal[0], "error": refusal[1]})
                 peer.close()
                 sock.close()
                 continue
@@ -371,14 +393,29 @@ class Supervisor:
                 self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
         self._at(seconds, resume)
 
-    def _refusal(self, peer: peers.Peer) -> str | None:
-        if len(self.connections) >= self.limits.connections:
-            return "too many connections"
-        if peer.uid not in (os.geteuid(), *self.config.allow_uids) and not (
+    def _refusal(self, peer: peers.Peer, highest_fd: int) -> tuple[str, str] | None:
+        """(code, why) when peer may not connect. The last connections and
+        fds are kept for the supervisor's own uid: others cannot lock it out."""
+        limits, count = self.limits, len(self.connections)
+        if count >= limits.connections:
+            return "too_many_connections", f"the supervisor has {count} connections, its limit"
+        owner = peer.uid == os.geteuid()
+        if not owner and peer.uid not in self.config.allow_uids and not (
                 self.config.allow_gids and ({peer.gid} | peers.groups_of(peer.pid)) & self.config.allow_gids):
-            return f"uid {peer.uid} is not allowed to use this supervisor"
+            return "refused_peer", f"uid {peer.uid} is not allowed to use this supervisor"
+        if not owner:
+            if count >= limits.connections - limits.owner_connections:
+                return "too_many_connections", (f"the supervisor has {count} connections; the last "
+                                                f"{limits.owner_connections} are kept for its owner")
+            if self.connections_of.get(peer.uid, 0) >= limits.connections_per_uid:
+                return "too_many_connections", (f"uid {peer.uid} has {limits.connections_per_uid} "
+                                                "connections, its limit")
+            # The lowest free fd is the one accept() gave: every one below is taken.
+            if highest_fd >= self.fd_limit - self.fd_reserve:
+                return "too_many_connections", (f"the supervisor is near its limit of {self.fd_limit} file "
+                                                f"descriptors; the last {self.fd_reserve} are kept for its owner")
         if self._descends(peer.pid) or not peer.alive():
-            return "a process started by this supervisor may not ask it for spawns"
+            return "refused_peer", "a process started by this supervisor may not ask it for spawns"
         return None
 
     def _descends(self, pid: int) -> bool:
@@ -403,16 +440,20 @@ class Supervisor:
     def _add_connection(self, sock: socket.socket, peer: peers.Peer, control: bool = False) -> Connection:
         conn = Connection(sock, peer, control=control)
         self.connections[sock.fileno()] = conn
+        self.connections_of[peer.uid] = self.connections_of.get(peer.uid, 0) + 1
         self.selector.register(sock, selectors.EVENT_READ, lambda key: self._on_readable(conn))
         if not control:
             # A float, not a timer: a timer per connection keeps a heap entry
             # and a closure for 5 s, thousands at hundreds of spawns a second
             # (+1.5-3.6 MiB RSS that stays). One sweep a second finds the late.
-            conn.deadline = time.monotonic() + self.limits.request_deadline
-            if not self.sweeping:
-                self.sweeping = True
-                self._at(1.0, self._sweep)
+            self._deadline(conn, self.limits.request_deadline)
         return conn
+
+    def _deadline(self, conn: Connection, seconds: float) -> None:
+        conn.deadline = time.monotonic() + seconds
+        if not self.sweeping:
+            self.sweeping = True
+            self._at(1.0, self._sweep)
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -423,20 +464,52 @@ class Supervisor:
                     self._expire(conn)
                 else:
                     waiting = True
-        self.sweeping = waiting
-        if waiting:
+        self._check_own_limits()
+        self.sweeping = waiting or bool(self.sessions)
+        if self.sweeping:
             self._at(1.0, self._sweep)
 
     def _expire(self, conn: Connection | None) -> None:
-        if conn is not None and conn.session is None and conn.sock.fileno() in self.connections:
+        if conn is None or conn.sock.fileno() not in self.connections:
+            return
+        if conn.session is None:
             self._reply(conn.sock, {"event": "error", "code": "timeout",
                                     "error": f"no request within {self.limits.request_deadline} s"})
             self._close(conn)
+        elif conn.session.exited is not None or conn.session.kill_reason == "spawn_failed":
+            self._close(conn)  # its child is gone and it asked for nothing since
+
+    def _check_own_limits(self) -> None:
+        """A process that may prlimit(2) us (one of our uid and gid: under a
+        user's supervisor, any child) may have lowered our limits: put them
+        back where we still can (a soft limit up to its hard one; a hard one
+        only with CAP_SYS_RESOURCE) and say so."""
+        now = _own_limits()
+        if now == self.own_limits:
+            return
+        for res, (was, got) in enumerate(zip(self.own_limits, now)):
+            if was == got:
+                continue
+            try:
+                resource.setrlimit(res, was)
+                log(f"resource limit {res} was lowered to {got} by another process: restored to {was}")
+            except (OSError, ValueError):
+                try:
+                    resource.setrlimit(res, (got[1], got[1]))
+                except (OSError, ValueError):
+                    pass
+                log(f"resource limit {res} was lowered to {got} by another process: cannot restore {was}")
+        self.own_limits = _own_limits()
 
     def _close(self, conn: Connection) -> None:
         fd = conn.sock.fileno()
         if self.connections.pop(fd, None) is None:
             return
+        left = self.connections_of.get(conn.peer.uid, 1) - 1
+        if left > 0:
+            self.connections_of[conn.peer.uid] = left
+        else:
+            self.connections_of.pop(conn.peer.uid, None)
         conn.deadline = None
         self.selector.unregister(conn.sock)
         conn.sock.close()
@@ -481,6 +554,8 @@ class Supervisor:
         if message is None:
             self._close(conn)
             return
+        if conn.session is not None and conn.deadline is not None:
+            self._deadline(conn, self.limits.linger)  # it asked for something: not idle
         try:
             self._dispatch(conn, message, fds)
         except protocol.ProtocolError as e:
@@ -514,10 +589,12 @@ class Supervisor:
         if op == "ping":
             self._send(conn, {"event": "pong", "pid": self.pid})
         elif op == "list":
+            # Other uids' sessions (pids, uids, clients) are the owner's to see.
+            everyone = conn.peer.uid == os.geteuid()
             self._send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
                 {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
                  "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None}
-                for s in self.sessions.values()]})
+                for s in self.sessions.values() if everyone or s.uid == conn.peer.uid]})
         elif op == "stats":
             self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
                               "zygote": self.zygote.pid,
@@ -550,7 +627,7 @@ class Supervisor:
         sock.setblocking(False)
         peer = peers.Peer(control.peer.pid, control.peer.uid, control.peer.gid)
         if len(self.connections) >= self.limits.connections:
-            self._reply(sock, {"event": "error", "code": "refused_peer", "error": "too many connections"})
+            self._reply(sock, {"event": "error", "code": "too_many_connections", "error": "too many connections"})
             sock.close()
             return
         self._add_connection(sock, peer)
@@ -587,15 +664,60 @@ class Supervisor:
             raise protocol.ProtocolError(str(e), "bad_spec") from None
         except OSError as e:  # out of fds or memory while building the ruleset
             raise protocol.ProtocolError(f"cannot prepare the sandbox: {e.strerror or e}", "spawn_failed") from None
-        conn.deadline = None
         m = self.manifests[request["manifest"]]
+        self._check_own_limits()
+        conn.deadline = None
         try:
             pooled = self.zygote.take(launch, stdio) if launch.pool else None
-            pid, errpipe = pooled or self.zygote.spawn(launch, stdio)
         except OSError as e:
-            raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
-        finally:
             protocol.close_all(fds)
+            self._deadline(conn, self.limits.linger)
+            raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
+        while self.zygote.tampered:
+            log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
+                "waited: discarded, a fresh child serves the request")
+        if pooled is None:
+            self._fresh(conn, m, launch, stdio)
+            return
+        pid, errpipe, gid = pooled
+        retry = None
+        if gid is None:
+            # Others of its uid and gid could prlimit it while it waited: it
+            # compares its limits at hand-over, and a fresh child serves the
+            # request if they changed. The client's fds stay here until then.
+            retry = (launch, stdio)
+        else:
+            protocol.close_all(fds)
+        self._track(conn, m, launch, pid, errpipe, gid, retry)
+
+    def _fresh(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+        """A fresh child for the request: the zygote forks it. Closes stdio."""
+        try:
+            try:
+                gid = self.gids.take() if self.gids is not None and launch.session_gid else None
+            except OSError as e:
+                raise protocol.ProtocolError(str(e), "too_many_children") from None
+            try:
+                pid, errpipe = self.zygote.spawn(launch, stdio, gid)
+            except spawn.NoErrorPipe as e:
+                self._release_gid(gid)
+                raise protocol.ProtocolError(f"{m.name}: {e.strerror}; the child was killed",
+                                             "spawn_failed") from None
+            except OSError as e:
+                self._release_gid(gid)
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise protocol.ProtocolError(f"{m.name}: out of file descriptors: {e.strerror}",
+                                                 "spawn_failed") from None
+                raise protocol.ProtocolError(f"fork failed: {e.strerror or e}", "fork_failed") from None
+        except protocol.ProtocolError:
+            self._deadline(conn, self.limits.linger)
+            raise
+        finally:
+            protocol.close_all(stdio)
+        self._track(conn, m, launch, pid, errpipe, gid, None)
+
+    def _track(self, conn: Connection, m: Manifest, launch: spawn.Launch, pid: int, errpipe: int,
+               gid: int | None, retry: "tuple[spawn.Launch, list[int]] | None") -> None:
         previous = self.sessions.get(pid)
         if previous is not None:
             # pids wrap: the last child with this pid was reaped in this same
@@ -604,12 +726,20 @@ class Supervisor:
             self._on_errpipe(previous)
             self.sessions.pop(pid, None)
         session = Session(pid, m, conn,
-                          {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe)
+                          {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe,
+                          gid=gid, retry=retry)
         # Now, while the child execs on the other CPU; a failed one is forgotten with its record.
         session.record = self._record(pid)
         conn.session = session
         self.sessions[pid] = session
         self.selector.register(errpipe, selectors.EVENT_READ, lambda key: self._on_errpipe(session))
+        if not self.sweeping:  # the sweep also watches our own limits while children run
+            self.sweeping = True
+            self._at(1.0, self._sweep)
+
+    def _release_gid(self, gid: int | None) -> None:
+        if self.gids is not None:
+            self.gids.release(gid)
 
     def _plan(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> tuple[spawn.Launch, list[int]]:
         unknown = sorted(set(request) - SPAWN_FIELDS)
@@ -625,7 +755,7 @@ class Supervisor:
             raise protocol.ProtocolError(f"'spawn' takes exactly 3 fds (stdin, stdout, stderr), got {len(fds)}",
                                          "bad_fds")
         for i, fd in enumerate(fds):
-            _check_stdio(i, fd)
+            _check_stdio(i, fd, m)
         if len(self.sessions) >= self.limits.children:
             raise protocol.ProtocolError(f"the supervisor runs {len(self.sessions)} children, its limit",
                                          "too_many_children")
@@ -653,7 +783,9 @@ class Supervisor:
         launch = spawn.Launch(m.command, [m.command, *m.args, *args],
                               m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec),
                               # A pool serves the manifest's own spec only, not a narrowed one.
-                              pool=(m.name, m.pool) if m.pool and spec is m.spec else None)
+                              pool=(m.name, m.pool) if m.pool and spec is m.spec else None,
+                              # A manifest that names its group keeps it.
+                              session_gid=m.spec.group is None)
         return launch, fds
 
     def _confinement(self, spec: landlock.Spec) -> landlock.Confinement:
@@ -679,6 +811,12 @@ class Supervisor:
         self.selector.unregister(session.errpipe)
         os.close(session.errpipe)
         session.errpipe = -1
+        retry, session.retry = session.retry, None
+        if data and retry is not None and spawn.read_error(data).stage == "tampered":
+            self._replace_tampered(session, *retry)
+            return
+        if retry is not None:
+            protocol.close_all(retry[1])
         if data:
             error = spawn.read_error(data)
             self.stats["failed"] += 1
@@ -686,6 +824,8 @@ class Supervisor:
                                       "errno": error.errno, "error": f"{session.manifest.name}: {error}",
                                       "op": "spawn"})
             session.kill_reason = "spawn_failed"
+            if session.conn is not None:
+                self._deadline(session.conn, self.limits.linger)
             if session.exited is not None:
                 self._forget(session)
             return
@@ -697,6 +837,26 @@ class Supervisor:
             self._announce_exit(session)
         elif session.kill_reason in ("client_gone", "shutdown"):
             self._terminate(session, session.kill_reason)
+
+    def _replace_tampered(self, session: Session, launch: spawn.Launch, stdio: list[int]) -> None:
+        """A pooled child whose limits were changed while it waited (it
+        said so and exits): the request goes to a fresh child, the client
+        none the wiser."""
+        log(f"{session.manifest.name}: pooled child {session.pid} had its resource limits changed while it "
+            "waited: discarded, a fresh child serves the request")
+        if session.exited is None:
+            self.zygote.retired.add(session.pid)  # reaped as ours, not as an orphan
+        self._forget(session)
+        conn = session.conn
+        if conn is None or conn.session is not session:
+            protocol.close_all(stdio)  # the client went meanwhile
+            return
+        conn.session = None
+        try:
+            self._fresh(conn, session.manifest, launch, stdio)
+        except protocol.ProtocolError as e:
+            self.stats["refused"] += 1
+            self._send(conn, {"event": "error", "code": e.code, "error": str(e), "op": "spawn"})
 
     def _record(self, pid: int) -> str | None:
         directory = self._sessions_dir()
@@ -718,9 +878,28 @@ class Supervisor:
         session.kill_reason = session.kill_reason if session.kill_reason == "spawn_failed" else reason
         if session.errpipe >= 0:
             return  # not exec'd yet: _on_errpipe terminates it once it is
-        _killpg(session.pid, signal.SIGTERM)
+        _killpg(session.pid, signal.SIGTERM)  # its leader is not reaped: the group is still its own
         if session.kill_timer is None:
-            session.kill_timer = self._at(self.limits.grace, lambda: _killpg(session.pid, signal.SIGKILL))
+            session.kill_timer = self._at(self.limits.grace, lambda: self._kill_group(session, signal.SIGKILL))
+
+    def _kill_group(self, session: Session, sig: int) -> bool:
+        """Signal what is left of session's process group; whether any was.
+        Its leader unreaped, the pgid is still its own; once reaped, the
+        number may be another process's: the session's members are found
+        in /proc, each pinned with a pidfd and checked again (see _leftovers)."""
+        if session.exited is None:
+            return _killpg(session.pid, sig)
+        if not _killpg(session.pid, 0) and not session.leftovers:
+            return False  # nobody in the group: the common case costs one system call
+        return bool(_signal_leftovers(session.pid, sig, self.pid, self._other_owner(session)))
+
+    def _other_owner(self, session: Session) -> Callable[[int], bool]:
+        """Whether a pid now leads something else of ours: another session, a
+        pooled child, the zygote (helpers live in its session)."""
+        def owned(pid: int) -> bool:
+            other = self.sessions.get(pid)
+            return (other is not None and other is not session) or self.zygote.owns(pid)
+        return owned
 
     def _reap(self) -> None:
         for pid, status, rusage in reap.reap_all():
@@ -729,17 +908,24 @@ class Supervisor:
                 self._reaped_other(pid, status)
                 continue
             session.exited = reap.describe(status, rusage)
-            # What is left of its process group goes with it. By the KILL, the
-            # pid may lead a new child's group (pids wrap): leave that one be.
-            if _killpg(pid, signal.SIGTERM):  # a KILL timer only when some of the group is left
-                self._at(self.limits.grace, lambda pid=pid, s=session: None
-                         if self.sessions.get(pid, s) is not s else _killpg(pid, signal.SIGKILL))
+            # What is left of its session goes with it: TERM now, KILL after
+            # the grace period; meanwhile its gid stays taken.
+            if self._kill_group(session, signal.SIGTERM):
+                session.leftovers = True
+                self._at(self.limits.grace, lambda s=session: self._kill_leftovers(s))
             if session.errpipe >= 0:
                 continue  # _on_errpipe reports it, in order
             if session.spawned:
                 self._announce_exit(session)
             else:
                 self._forget(session)
+
+    def _kill_leftovers(self, session: Session) -> None:
+        self._kill_group(session, signal.SIGKILL)
+        session.leftovers = False
+        if self.sessions.get(session.pid) is not session:  # forgotten meanwhile: the gid was kept for this
+            self._release_gid(session.gid)
+            session.gid = None
 
     def _reaped_other(self, pid: int, status: int) -> None:
         if self.zygote.ended(pid):
@@ -754,6 +940,8 @@ class Supervisor:
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
         self._send(session.conn, {"event": "exited", "pid": session.pid, "reason": reason, **exited})
+        if session.conn is not None and session.conn.session is session:
+            self._deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         self._forget(session)
 
     def _forget(self, session: Session) -> None:
@@ -761,6 +949,12 @@ class Supervisor:
             session.kill_timer[0] = True
         if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
             del self.sessions[session.pid]
+        if session.retry is not None:
+            protocol.close_all(session.retry[1])
+            session.retry = None
+        if not session.leftovers:  # else at their KILL
+            self._release_gid(session.gid)
+            session.gid = None
         if session.record:
             try:
                 os.unlink(session.record)
@@ -772,6 +966,40 @@ def _dynamic_users(loaded: dict[str, Manifest]) -> dict[int, str]:
     return {m.uid: ids.user_name(m.name) for m in loaded.values() if m.dynamic and m.uid is not None}
 
 
+def _socket_directory(directory: str, open_to_others: bool) -> None:
+    """Made (0700, or 0711 when other uids may connect) if missing; an
+    existing one is used as it is, never chmodded (it may be shared: /tmp),
+    unless it is unsafe: then the supervisor does not start."""
+    parent = os.path.dirname(directory)
+    if parent:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(directory, 0o711 if open_to_others else 0o700)
+        return
+    st = os.lstat(directory)
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid not in (0, os.geteuid()):
+        why = f"belongs to uid {st.st_uid}"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        why = f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    if why:
+        raise SystemExit(f"landlock-supervisor: the socket's directory {directory} {why}: not using it "
+                         "(clients could be sent to another socket); give --socket a path in a directory "
+                         "of root's or the supervisor's own")
+
+
+def _own_limits() -> tuple[tuple[int, int], ...]:
+    return tuple(resource.getrlimit(res) for res in RLIMITS)
+
+
 def _guarded(callback: Callable[..., None], *args: Any) -> None:
     """A bug in one handler must not take the supervisor, and every child, down."""
     try:
@@ -780,7 +1008,7 @@ def _guarded(callback: Callable[..., None], *args: Any) -> None:
         log(f"internal error: {type(e).__name__}: {e}")
 
 
-def _check_stdio(index: int, fd: int) -> None:
+def _check_stdio(index: int, fd: int, m: Manifest) -> None:
     names = ("stdin", "stdout", "stderr")
     try:
         st = os.fstat(fd)
@@ -789,6 +1017,12 @@ def _check_stdio(index: int, fd: int) -> None:
         raise protocol.ProtocolError(f"{names[index]}: unusable fd: {e.strerror}", "bad_fds") from None
     if flags & os.O_PATH or stat.S_ISDIR(st.st_mode):
         raise protocol.ProtocolError(f"{names[index]}: a directory or O_PATH fd is no stdio", "bad_fds")
+    # The child leads a session without a terminal: it could make this one
+    # its controlling terminal (TIOCSCTTY) and type into it (TIOCSTI).
+    if stat.S_ISCHR(st.st_mode) and not m.terminal and os.isatty(fd):
+        raise protocol.ProtocolError(f"{names[index]}: a terminal, and manifest {m.name!r} does not take one "
+                                     "(terminal: true); pass pipes (`landlock-supervisor run` relays a "
+                                     "terminal through pipes)", "bad_fds")
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -798,6 +1032,74 @@ def _killpg(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _session_members(sid: int, stats: "Iterable[tuple[int, list[str]]]") -> list[int]:
+    """The pids, among (pid, /proc/PID/stat fields) pairs, of session sid."""
+    out = []
+    for pid, fields in stats:
+        try:
+            if int(fields[3]) == sid:
+                out.append(pid)
+        except (ValueError, IndexError):
+            pass
+    return out
+
+
+def _proc_stats() -> "Iterator[tuple[int, list[str]]]":
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                yield int(name), peers.stat_fields(int(name))
+            except OSError:
+                pass
+
+
+def _leftovers(sid: int, supervisor: int, owned: Callable[[int], bool],
+               stats: "Iterable[tuple[int, list[str]]]", pidfd_open: Callable[[int], int] = os.pidfd_open,
+               fields_of: Callable[[int], list[str]] = peers.stat_fields,
+               descends: Callable[[int, int], bool] = peers.descends_from) -> list[int]:
+    """pidfds of the processes still in session sid, a reaped child's. A
+    session id (like a pgid) is not reused while a process has it, but the
+    number is free again once the last one is gone: a process now leading
+    sid is another's session (nothing of ours is left), and a member must
+    still be in sid once pinned, and descend from us (as subreaper, the
+    leftovers of our children are ours)."""
+    if owned(sid):
+        return []
+    try:
+        fields_of(sid)
+        return []   # pid sid is alive: the number was reused, so the session it named is empty
+    except OSError:
+        pass
+    fds = []
+    for pid in _session_members(sid, stats):
+        try:
+            fd = pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if int(fields_of(pid)[3]) == sid and descends(pid, supervisor):
+                fds.append(fd)
+                continue
+        except (OSError, ValueError, IndexError):
+            pass
+        os.close(fd)
+    return fds
+
+
+def _signal_leftovers(sid: int, sig: int, supervisor: int, owned: Callable[[int], bool]) -> int:
+    """Signal, by pidfd, what _leftovers finds; how many were signalled."""
+    count = 0
+    for fd in _leftovers(sid, supervisor, owned, _proc_stats()):
+        try:
+            signal.pidfd_send_signal(fd, sig)  # gone meanwhile: ESRCH; its pid never anyone else's
+            count += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return count
 
 
 def _children_of(pid: int) -> list[int]:

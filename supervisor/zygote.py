@@ -34,22 +34,31 @@ NPROC limit: it would count against it.
 The channel is fd 3, a SOCK_SEQPACKET socket to the supervisor, which
 starts this module with `-I -S` and its import paths as arguments (see
 spawn.Zygote). Messages are marshal'd tuples:
-  ("spawn", launch) + [stdin, stdout, stderr(, ruleset)]
+  ("spawn", launch, gid, size) + [stdin, stdout, stderr, request(, ruleset)]
       -> ("forked", pid) + [error pipe] | ("fork_failed", errno, message)
-  ("pool", name, generation, size, launch) + [(ruleset)]: keep forking
-      children for it (size 0: stop); each one, once ready,
-      -> ("pooled", name, generation, pid, helper pid or 0) + [hand-over socket]
-      or, if it died first, ("pool_failed", name, generation, pid, helper, why)
-  ("refill", name, generation): one was used, fork another.
+  ("pool", name, generation, gids, launch) + [(ruleset)]: keep forking
+      children for it, one per entry of gids (none: stop); each one, once ready,
+      -> ("pooled", name, generation, pid, helper pid or 0, gid) + [hand-over socket]
+      or, if it died first, ("pool_failed", name, generation, pid, helper, why, gid)
+  ("refill", name, generation, gid): one was used, fork another.
+  -> ("unused", gids): gids given for children that will never be forked
+      (the pool was replaced or stopped, or a fork failed).
+A gid is the child's session gid (a root supervisor gives each child its
+own: it replaces the gid of the credentials, or makes an allow_root child
+uid 0 with that gid), or None: the credentials as they are.
+A fresh child reads its (argv, env) itself, after the fork, from `request`
+(a memfd of `size` bytes, marshal'd): a client's secrets never pass through
+the zygote's memory, which every later child is a copy of.
 The supervisor hands a pooled child its request itself (spawn.Zygote.take):
 (argv, env) marshal'd + [stdin, stdout, stderr, error pipe] on the hand-over
 socket. Before that, the child reports on a pipe to us: "helper PID\n" when
 it made one, then "ready\n", or why it failed, then EOF.
-launch: (program, argv, env, cwd, umask, entry); a pool's has argv and env
-None. EOF: the zygote exits.
+launch: (program, argv, env, cwd, umask, entry); argv and env are None (a
+fresh child reads them, a pooled one is handed them). EOF: the zygote exits.
 """
 import array
 import ctypes
+import errno
 import marshal
 import os
 import select
@@ -96,9 +105,16 @@ _CLONE_ARGS = [ctypes.c_long(_CLONE_NR[_MACHINE]),
                ctypes.c_ulong(_CLONE_PARENT | _CLONE_CHILD_CLEARTID | _SIGCHLD), None, None, None, None]
 _CLONE_ARGS[4 if _MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(_mutex))
 # Woken by the exec, the helper must not preempt it: SCHED_BATCH does that
-# for SCHED_OTHER. A real-time zygote's helpers keep its policy (equal
-# priorities do not preempt), and a BATCH one would starve behind them.
-_HELPER_BATCH = os.sched_getscheduler(0) == os.SCHED_OTHER
+# for SCHED_OTHER, which every child of a normal or real-time zygote has
+# (SCHED_RESET_ON_FORK, see _reset_scheduling). A BATCH or IDLE zygote's
+# children keep its policy; a BATCH helper would not help there. Set by main().
+_HELPER_BATCH = True
+_IOPRIO_NR = {"x86_64": (251, 252), "aarch64": (30, 31), "riscv64": (30, 31), "ppc64le": (273, 274),
+              "armv7l": (314, 315), "i686": (289, 290)}   # (ioprio_set, ioprio_get)
+_IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_RT, _IOPRIO_CLASS_BE = 1, 1, 2
+# Compared in a pooled child without a session gid of its own (another
+# process with its uid and gid may prlimit it while it waits).
+_RLIMITS = tuple(range(16))
 
 
 def _fork_for_parent() -> int:
@@ -142,6 +158,35 @@ def _default_internal_signals() -> None:
             raise OSError(ctypes.get_errno(), f"rt_sigaction({sig})")
 
 
+def _reset_scheduling() -> None:
+    """No child starts real-time, deadline or with a negative nice
+    (SCHED_RESET_ON_FORK on ourselves, our own policy kept: the flag can be
+    set unprivileged), nor with a real-time I/O class (ours made
+    best-effort: children inherit it). Then whether helpers help: see
+    _HELPER_BATCH."""
+    global _HELPER_BATCH
+    policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+    try:
+        os.sched_setscheduler(0, policy | os.SCHED_RESET_ON_FORK, os.sched_getparam(0))
+    except OSError as e:  # a deadline task cannot be set this way: it says so
+        os.write(2, f"landlock-supervisor zygote: cannot set SCHED_RESET_ON_FORK: {e}\n".encode())
+    _HELPER_BATCH = policy not in (os.SCHED_BATCH, os.SCHED_IDLE)
+    _reset_io_priority()
+
+
+def _reset_io_priority() -> None:
+    """A real-time I/O class becomes best-effort (level 4, the default)."""
+    numbers = _IOPRIO_NR.get(_MACHINE)
+    if numbers is None:
+        return
+    current = _syscall(ctypes.c_long(numbers[1]), ctypes.c_long(_IOPRIO_WHO_PROCESS), ctypes.c_long(0))
+    if current >= 0 and current >> 13 == _IOPRIO_CLASS_RT:
+        if _syscall(ctypes.c_long(numbers[0]), ctypes.c_long(_IOPRIO_WHO_PROCESS), ctypes.c_long(0),
+                    ctypes.c_long(_IOPRIO_CLASS_BE << 13 | 4)) < 0:
+            os.write(2, f"landlock-supervisor zygote: cannot leave the real-time I/O class: "
+                        f"{os.strerror(ctypes.get_errno())}\n".encode())
+
+
 def _received_fds(ancillary: list, flags: int) -> list[int]:
     """protocol.received_fds, without importing protocol (and json) here."""
     fds: list[int] = []
@@ -163,15 +208,19 @@ def _launch(message: tuple) -> tuple:
 
 
 def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, handover: int, helper: bool,
-           supervisor: int, reset: list[int]) -> None:
+           supervisor: int, reset: list[int], gid: int | None, request: int, request_size: int) -> None:
     """Confine, (if pooled: say so on err_w, then wait for the request and
     its error pipe,) exec. Leaves by exec or os._exit; a failure goes back as
     "stage:errno:message" on err_w."""
     program, argv, env, cwd, umask, entry = launch
     stage = "signals"
+    limits_set = False
     try:
         for sig in reset:
             _signal.signal(sig, _signal.SIG_DFL)
+        if request >= 0:
+            stage = "request"
+            argv, env = marshal.loads(os.pread(request, request_size, 0))
         if stdio is not None:
             stage = "stdio"
             # Received fds are > 2 (fds 0-2 are always open here): no clobbering.
@@ -197,7 +246,15 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
         stage = "setsid"
         os.setsid()
         stage = "privileges"
-        enter.drop_privileges(entry)
+        credentials = entry.credentials
+        if gid is not None:
+            # A gid no other process has: prlimit(2) needs the caller's uid
+            # AND gid to match the target's.
+            credentials = (0, gid, ()) if credentials is None else (credentials[0], gid, credentials[2])
+        if credentials is not None:
+            enter.switch_user(*credentials)
+        if entry.drop_capabilities is not None:  # after the switch: uid 0 keeps them through it
+            enter.drop_capabilities(entry.drop_capabilities, entry.lock_securebits)
         stage = "chdir"  # as the server's user: a directory it could not enter is an error
         os.chdir(cwd)
         os.umask(umask)
@@ -212,6 +269,9 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
         if handover >= 0:
             if ruleset_fd >= 0:
                 os.close(ruleset_fd)
+            # Without a gid of its own, a process of its uid and gid may
+            # lower its limits while it waits: compared at hand-over.
+            limits = None if gid is not None else tuple(map(resource.getrlimit, _RLIMITS))
             os.write(err_w, b"ready\n")
             os.close(err_w)
             err_w = -1
@@ -224,12 +284,21 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
             if len(fds) != 4:
                 raise OSError(0, f"expected stdio and an error pipe, got {len(fds)} fds")
             *stdio, err_w = fds
+            if limits is not None:
+                # The supervisor serves the request with a fresh child
+                # instead: stdio not touched yet.
+                stage = "tampered"
+                if tuple(map(resource.getrlimit, _RLIMITS)) != limits:
+                    raise OSError(errno.EPERM, "its resource limits were changed while it waited")
+                enter.set_rlimits(entry)
+                limits_set = True
             argv, env = marshal.loads(data)
             stage = "stdio"
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
-        stage = "rlimits"
-        enter.set_rlimits(entry)
+        if not limits_set:
+            stage = "rlimits"
+            enter.set_rlimits(entry)
         stage = "exec"
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         os.execve(program, argv, env)
@@ -244,9 +313,9 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
 
 
 class Pool:
-    def __init__(self, generation: int, size: int, launch: tuple, ruleset_fd: int) -> None:
+    def __init__(self, generation: int, gids: list[int | None], launch: tuple, ruleset_fd: int) -> None:
         self.generation, self.launch, self.ruleset_fd = generation, launch, ruleset_fd
-        self.wanted = size   # children to fork for it
+        self.gids = gids     # one a child still to fork for it (see the module's doc)
         # A helper would count against an NPROC limit (see the module's doc).
         self.helper = not any(res == resource.RLIMIT_NPROC for res, _, _ in launch[-1].rlimits)
 
@@ -262,8 +331,8 @@ class Zygote:
         self.reset = reset
         self.stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
         self.pools: dict[str, Pool] = {}
-        # pooled children not ready yet: their pipe -> (pool, generation, pid, hand-over, what they said)
-        self.starting: dict[int, tuple[str, int, int, socket.socket, bytearray]] = {}
+        # pooled children not ready yet: their pipe -> (pool, generation, pid, hand-over, what they said, gid)
+        self.starting: dict[int, tuple[str, int, int, socket.socket, bytearray, int | None]] = {}
 
     def serve(self) -> None:
         self._send(("ready", os.getpid()))
@@ -275,9 +344,8 @@ class Zygote:
                     self._started(ready)
             # Pre-fork between requests, a request first whenever one waits.
             for name, pool in list(self.pools.items()):
-                while pool.wanted > 0 and not select.select([self.channel], [], [], 0)[0]:
-                    pool.wanted -= 1
-                    self._prefork(name, pool)
+                while pool.gids and not select.select([self.channel], [], [], 0)[0]:
+                    self._prefork(name, pool, pool.gids.pop())
 
     def _handle(self) -> None:
         try:
@@ -289,25 +357,36 @@ class Zygote:
         fds = _received_fds(ancillary, flags)
         message = marshal.loads(data)
         if message[0] == "spawn":
-            self._spawn(_launch(message[1]), fds)
+            self._spawn(_launch(message[1]), message[2], message[3], fds)
         elif message[0] == "pool":
-            _, name, generation, size, launch = message
+            _, name, generation, gids, launch = message
             old = self.pools.pop(name, None)
             if old is not None:
+                self._unused(old.gids)
                 old.close()
-            if size > 0:
-                self.pools[name] = Pool(generation, size, _launch(launch), fds[0] if fds else -1)
+            if gids:
+                self.pools[name] = Pool(generation, list(gids), _launch(launch), fds[0] if fds else -1)
             else:
                 for fd in fds:
                     os.close(fd)
         elif message[0] == "refill":
             pool = self.pools.get(message[1])
             if pool is not None and pool.generation == message[2]:
-                pool.wanted += 1
+                pool.gids.append(message[3])
+            else:
+                self._unused([message[3]])
 
-    def _spawn(self, launch: tuple, fds: list[int]) -> None:
+    def _unused(self, gids: list[int | None]) -> None:
+        gids = [gid for gid in gids if gid is not None]
+        if gids:
+            self._send(("unused", tuple(gids)))
+
+    def _spawn(self, launch: tuple, gid: int | None, size: int, fds: list[int]) -> None:
         try:
-            pid, errpipe = self._fork(launch, fds[:3], fds[3] if len(fds) > 3 else -1, -1, False)
+            if len(fds) < 4:
+                raise OSError(0, f"a spawn takes stdio and its request, got {len(fds)} fds")
+            pid, errpipe = self._fork(launch, fds[:3], fds[4] if len(fds) > 4 else -1, -1, False, gid,
+                                      fds[3], size)
         except OSError as e:
             self._send(("fork_failed", e.errno or 0, e.strerror or str(e)))
         else:
@@ -317,22 +396,23 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
 
-    def _prefork(self, name: str, pool: Pool) -> None:
+    def _prefork(self, name: str, pool: Pool, gid: int | None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno(), pool.helper)
+            pid, errpipe = self._fork(pool.launch, None, pool.ruleset_fd, theirs.fileno(), pool.helper, gid)
         except OSError as e:
             os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
-            pool.wanted = 0  # the next refill tries again
+            self._unused([gid, *pool.gids])  # the next refill tries again
+            pool.gids = []
             ours.close()
             return
         finally:
             theirs.close()
-        self.starting[errpipe] = (name, pool.generation, pid, ours, bytearray())
+        self.starting[errpipe] = (name, pool.generation, pid, ours, bytearray(), gid)
 
     def _started(self, pipe: int) -> None:
         """A pooled child spoke: a helper made, ready, or why it failed (EOF)."""
-        name, generation, pid, ours, said = self.starting[pipe]
+        name, generation, pid, ours, said, gid = self.starting[pipe]
         data = os.read(pipe, 4096)   # its writes are whole records (< PIPE_BUF)
         said += data
         helper, rest = 0, bytes(said)
@@ -345,17 +425,17 @@ class Zygote:
         os.close(pipe)
         try:
             if data:
-                self._send(("pooled", name, generation, pid, helper), [ours.fileno()])
+                self._send(("pooled", name, generation, pid, helper, gid), [ours.fileno()])
             else:
                 why = rest.decode(errors="replace") or "it exited"
                 os.write(2, f"landlock-supervisor zygote: a pooled child for {name!r} failed: {why}\n"
                          .encode(errors="replace"))
-                self._send(("pool_failed", name, generation, pid, helper, why))
+                self._send(("pool_failed", name, generation, pid, helper, why, gid))
         finally:
             ours.close()
 
     def _fork(self, launch: tuple, stdio: list[int] | None, ruleset_fd: int, handover: int,
-              helper: bool) -> tuple[int, int]:
+              helper: bool, gid: int | None, request: int = -1, request_size: int = 0) -> tuple[int, int]:
         if enter.thread_count(self.stat_fd) != 1:
             raise OSError(0, "the zygote has more than one thread: refusing to fork")
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -370,7 +450,8 @@ class Zygote:
             os.close(w)
             raise
         if pid == 0:
-            _child(launch, stdio, ruleset_fd, w, handover, helper, self.supervisor, self.reset)
+            _child(launch, stdio, ruleset_fd, w, handover, helper, self.supervisor, self.reset, gid, request,
+                   request_size)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         os.close(w)
         return pid, r
@@ -389,6 +470,7 @@ def main() -> None:
     if os.getppid() != supervisor:
         os._exit(1)
     _default_internal_signals()
+    _reset_scheduling()
     _lock_helper_mutex()
     # It ends at EOF from the supervisor, or with it (PDEATHSIG): a stop
     # signal meant for the supervisor's children is not for the zygote.

@@ -505,6 +505,81 @@ def op_shm_create(key, text):
     return shmid
 
 
+# ---- the running server (tests/security/test_escapes_runtime.py) ----
+
+def op_prlimit(pid, name, soft=None, hard=None):
+    """Read (soft None) or set another process's limit."""
+    res = getattr(resource, "RLIMIT_" + name)
+    if soft is None:
+        return list(resource.prlimit(pid, res))
+    return list(resource.prlimit(pid, res, (soft, hard)))
+
+
+def op_prlimit_siblings(ppid, name, soft, hard):
+    """prlimit every other child of ppid (sessions, pooled children, the
+    zygote, helpers): {pid: "ok" or the errno's name}."""
+    res = getattr(resource, "RLIMIT_" + name)
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+            if int(data[data.rindex(b")") + 2:].split()[1]) != ppid:
+                continue
+        except (OSError, ValueError):
+            continue
+        try:
+            resource.prlimit(int(entry), res, (soft, hard))
+            out[entry] = "ok"
+        except OSError as e:
+            out[entry] = errno.errorcode.get(e.errno, str(e.errno))
+    return out
+
+
+def op_pid_from(path, timeout=5.0):
+    """Wait for a pid the test writes into path; return it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.endswith("."):
+                return int(text[:-1])
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(path)
+
+
+def op_prlimit_from(path, name, soft, hard):
+    return op_prlimit(op_pid_from(path), name, soft, hard)
+
+
+def op_sched_attack_from(path):
+    """renice, pin and SCHED_IDLE the process named in path."""
+    pid = op_pid_from(path)
+    os.setpriority(os.PRIO_PROCESS, pid, 10)
+    os.sched_setaffinity(pid, {0})
+    os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    return {"nice": os.getpriority(os.PRIO_PROCESS, pid), "policy": os.sched_getscheduler(pid),
+            "cpus": sorted(os.sched_getaffinity(pid))}
+
+
+def op_scheduling():
+    """This process's policy, nice and I/O priority (class, level)."""
+    nr_get = {"x86_64": 252, "aarch64": 31}[os.uname().machine]
+    libc().syscall.restype = ctypes.c_long
+    prio = libc().syscall(ctypes.c_long(nr_get), ctypes.c_long(1), ctypes.c_long(0))
+    return {"policy": os.sched_getscheduler(0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "ioprio_class": prio >> 13, "ioprio_level": prio & 0x1FFF}
+
+
+def op_tiocsctty():
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case
+from supervisor.client import SupervisorError
 from svhelpers import alive, wait_until
 
 pytestmark = pytest.mark.enforcement
@@ -299,25 +300,30 @@ def test_tcp_to_unlisted_ports(fresh, ident):
 @pytest.mark.timeout(30)
 @case("tiocsti")
 def test_tiocsti_into_inherited_terminal(fresh, ident):
-    """Attempt: push keystrokes into the terminal given as stdin (a pty)
-    with TIOCSTI. Stopped by: the child leads a new session, so the pty is
-    not its controlling terminal: EPERM. Landlock's IOCTL_DEV right is
-    checked at open(), so it does not cover an inherited fd."""
+    """Attempt: get a terminal (a pty) as stdin, make it the controlling
+    terminal of the child's new session (TIOCSCTTY: the child leads a
+    session without one) and push keystrokes into it (TIOCSTI). Stopped by:
+    the supervisor refuses a terminal as stdin, stdout or stderr unless the
+    manifest says `terminal: true` (`run` relays a terminal through pipes):
+    bad_fds, and no child runs. (With `terminal: true` the attack works:
+    the `tiocsti-terminal` limit.) Landlock's IOCTL_DEV right is checked
+    at open(), so it does not cover an inherited fd."""
     master, slave = pty.openpty()
+    before = fresh.sv.client.stats()["spawned"]
     try:
-        o = fresh.attack(ident, [["session"], ["tiocsti", "id\n"]], stdin=slave)
-        os.set_blocking(slave, False)
+        with pytest.raises(SupervisorError) as e:
+            fresh.attack(ident, [["tiocsctty"], ["tiocsti", "id\n"]], stdin=slave)
+        os.set_blocking(master, False)
         try:
-            injected = os.read(slave, 100)
+            echoed = os.read(master, 100)
         except BlockingIOError:
-            injected = b""
+            echoed = b""
     finally:
         os.close(master)
         os.close(slave)
-    session = o[0]["value"]
-    assert session["sid"] == session["pid"] and session["isatty0"], o
-    assert o.errname(1) == "EPERM", o
-    assert injected == b""
+    assert e.value.code == "bad_fds" and "terminal" in str(e.value), e.value
+    assert echoed == b""
+    assert fresh.sv.client.stats()["spawned"] == before
 
 
 @pytest.mark.timeout(30)

@@ -424,7 +424,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     pid = 4_000_000  # above pid_max: nothing real gets signalled
     pipes = []
 
-    def fake_spawn(launch, stdio):
+    def fake_spawn(launch, stdio, gid=None):
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(w)   # "exec'd": EOF waits on the error pipe
         pipes.append(r)

@@ -10,12 +10,8 @@ namespaces, is skipped.)
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import socket
-import struct
-import termios
 import threading
 
 import pytest
@@ -143,21 +139,6 @@ def test_user_namespaces(fresh, ident):
         pytest.skip("machine setting: user namespaces are off here (user.max_user_namespaces=0)")
     assert o.errname(1) == "EPERM", o
     check_limit("userns", o[0]["ok"])
-
-
-@pytest.mark.timeout(30)
-def test_ioctl_on_an_inherited_terminal(fresh, ident):
-    """The client's terminal, passed as stdin: TIOCSTI is stopped by the new
-    session, but other ioctls (window size, termios) change it: Landlock's
-    IOCTL_DEV is checked at open(), not on inherited fds."""
-    master, slave = pty.openpty()
-    try:
-        o = fresh.attack(ident, [["tiocswinsz", 33, 111]], stdin=slave)
-        rows, cols = struct.unpack("HHHH", fcntl.ioctl(master, termios.TIOCGWINSZ, b"\0" * 8))[:2]
-    finally:
-        os.close(master)
-        os.close(slave)
-    check_limit("ioctl-inherited", o[0]["ok"] and (rows, cols) == (33, 111))
 
 
 @pytest.mark.timeout(30)

@@ -13,18 +13,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import supervisor
 from sechelpers import CHILD_UID, Arena, Identity, attack, svconf
-from svhelpers import PYTHON, wait_until
+from svhelpers import PYTHON
 
 pytestmark = pytest.mark.enforcement
 
