@@ -11,14 +11,7 @@ import landlock
 from . import ids, namespaces, profiles
 from .manifest import Manifest, ManifestError, load, load_all
 
-try:
-    from landlock.ruleset import inside_writable
-except ImportError:  # a landlock library without it: the same question, answered here
-    def inside_writable(spec: landlock.Spec) -> list[tuple[str, str, str]]:
-        writable = [p for p in (*spec.read_write, *spec.read_write_noexec)
-                    if p not in ("/dev/null", "/dev/zero", "/dev/full")]
-        return [(cls, path, w) for cls, path in spec.path_rules for w in writable
-                if path != w and path.startswith(w.rstrip("/") + "/")]
+from landlock.ruleset import inside_writable
 
 # What Landlock cannot deny, whatever a manifest says (docs/security.md).
 ALWAYS_OPEN = [

@@ -109,9 +109,6 @@ _CLONE_ARGS[4 if _MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof
 # (SCHED_RESET_ON_FORK, see _reset_scheduling). A BATCH or IDLE zygote's
 # children keep its policy; a BATCH helper would not help there. Set by main().
 _HELPER_BATCH = True
-_IOPRIO_NR = {"x86_64": (251, 252), "aarch64": (30, 31), "riscv64": (30, 31), "ppc64le": (273, 274),
-              "armv7l": (314, 315), "i686": (289, 290)}   # (ioprio_set, ioprio_get)
-_IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_RT, _IOPRIO_CLASS_BE = 1, 1, 2
 # Compared in a pooled child without a session gid of its own (another
 # process with its uid and gid may prlimit it while it waits).
 _RLIMITS = tuple(range(16))
@@ -171,20 +168,10 @@ def _reset_scheduling() -> None:
     except OSError as e:  # a deadline task cannot be set this way: it says so
         os.write(2, f"landlock-supervisor zygote: cannot set SCHED_RESET_ON_FORK: {e}\n".encode())
     _HELPER_BATCH = policy not in (os.SCHED_BATCH, os.SCHED_IDLE)
-    _reset_io_priority()
-
-
-def _reset_io_priority() -> None:
-    """A real-time I/O class becomes best-effort (level 4, the default)."""
-    numbers = _IOPRIO_NR.get(_MACHINE)
-    if numbers is None:
-        return
-    current = _syscall(ctypes.c_long(numbers[1]), ctypes.c_long(_IOPRIO_WHO_PROCESS), ctypes.c_long(0))
-    if current >= 0 and current >> 13 == _IOPRIO_CLASS_RT:
-        if _syscall(ctypes.c_long(numbers[0]), ctypes.c_long(_IOPRIO_WHO_PROCESS), ctypes.c_long(0),
-                    ctypes.c_long(_IOPRIO_CLASS_BE << 13 | 4)) < 0:
-            os.write(2, f"landlock-supervisor zygote: cannot leave the real-time I/O class: "
-                        f"{os.strerror(ctypes.get_errno())}\n".encode())
+    try:
+        enter.reset_io_priority()
+    except OSError as e:
+        os.write(2, f"landlock-supervisor zygote: cannot leave the real-time I/O class: {e}\n".encode())
 
 
 def _received_fds(ancillary: list, flags: int) -> list[int]:
@@ -245,16 +232,15 @@ def _child(launch: tuple, stdio: list[int] | None, ruleset_fd: int, err_w: int, 
                     os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
         stage = "setsid"
         os.setsid()
+        stage = "keyring"  # before the switch: charged to the supervisor's key quota
+        enter.join_session_keyring()
         stage = "privileges"
-        credentials = entry.credentials
         if gid is not None:
             # A gid no other process has: prlimit(2) needs the caller's uid
             # AND gid to match the target's.
-            credentials = (0, gid, ()) if credentials is None else (credentials[0], gid, credentials[2])
-        if credentials is not None:
-            enter.switch_user(*credentials)
-        if entry.drop_capabilities is not None:  # after the switch: uid 0 keeps them through it
-            enter.drop_capabilities(entry.drop_capabilities, entry.lock_securebits)
+            uid, _, groups = entry.credentials or (0, 0, ())
+            entry = entry._replace(credentials=(uid, gid, groups))
+        enter.drop_privileges(entry)
         stage = "chdir"  # as the server's user: a directory it could not enter is an error
         os.chdir(cwd)
         os.umask(umask)

@@ -18,6 +18,13 @@ sys.path.insert(0, str(HERE))
 from sechelpers import (DEDICATED_UIDS, IDENTITIES, KERNEL_ABI, ROOT, Identity, make_arena,  # noqa: E402
                         reset_writable, svconf)
 
+# A session keyring of the test run's own, before any supervisor starts: the
+# supervisors (and, without the fix, their children) share it, so a key
+# planted in it is one a supervisor's session holds (test_escapes_keyring.py).
+if ROOT:
+    from landlock import enter
+    enter.join_session_keyring()
+
 # The supervisor tests' fixtures, under the same names.
 lab = svconf.lab
 module_lab = svconf.module_lab

@@ -320,6 +320,50 @@ def op_mount_tmpfs(target):
     return "mounted"
 
 
+# ---- keyrings --------------------------------------------------------------
+
+_KEYCTL_NR = {"x86_64": 250, "aarch64": 219}
+_ADD_KEY_NR = {"x86_64": 248, "aarch64": 217}
+KEY_SPECS = {"session": -3, "user": -4}
+
+
+def _keyctl(*args):
+    c = libc()
+    c.syscall.restype = ctypes.c_long
+    ret = c.syscall(ctypes.c_long(_KEYCTL_NR[os.uname().machine]), *args)
+    if ret < 0:
+        _oserror("keyctl")
+    return ret
+
+
+def op_keyring_id(which):
+    return _keyctl(ctypes.c_long(0), ctypes.c_long(KEY_SPECS[which]), ctypes.c_long(0))  # GET_KEYRING_ID
+
+
+def op_key_search(which, description):
+    """KEYCTL_SEARCH the keyring for a user key; its payload when found."""
+    key = _keyctl(ctypes.c_long(10), ctypes.c_long(KEY_SPECS[which]), b"user", description.encode(),
+                  ctypes.c_long(0))
+    return op_key_read(key)
+
+
+def op_key_read(key):
+    buf = ctypes.create_string_buffer(256)
+    n = _keyctl(ctypes.c_long(11), ctypes.c_long(key), buf, ctypes.c_long(256))  # KEYCTL_READ
+    return buf.raw[:n].decode(errors="replace")
+
+
+def op_key_add(which, description, payload):
+    c = libc()
+    c.syscall.restype = ctypes.c_long
+    data = payload.encode()
+    ret = c.syscall(ctypes.c_long(_ADD_KEY_NR[os.uname().machine]), b"user", description.encode(), data,
+                    ctypes.c_size_t(len(data)), ctypes.c_long(KEY_SPECS[which]))
+    if ret < 0:
+        _oserror("add_key")
+    return ret
+
+
 # ---- sockets ---------------------------------------------------------------
 
 def op_connect_abstract(name):

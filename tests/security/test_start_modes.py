@@ -116,6 +116,18 @@ def test_signal_and_ptrace_the_supervisor(started: Started, arena: Arena, ident:
 
 
 @pytest.mark.timeout(60)
+def test_prlimit_the_supervisor(started: Started, arena: Arena, ident: Identity) -> None:
+    """`prlimit-supervisor`: a private supervisor runs as its proxy's user,
+    a socket-activated one as the unit's; as root here, each child has a
+    session gid of its own, so prlimit(2) on the supervisor is EPERM."""
+    before = open(f"/proc/{started.pid}/limits").read()
+    o = _attack(started, ident, [["prlimit", started.pid, "NOFILE", 3, 3], ["prlimit", started.pid, "CPU", 1, 1]])
+    assert [o.errname(0), o.errname(1)] == ["EPERM", "EPERM"], o
+    assert open(f"/proc/{started.pid}/limits").read() == before
+    assert started.client.ping()["pid"] == started.pid
+
+
+@pytest.mark.timeout(60)
 def test_environment_and_fds(started: Started, arena: Arena, ident: Identity) -> None:
     """`supervisor-environment`, `inherited-fds`: a private supervisor runs
     with its proxy's environment (a secret in it) and a socket-activated one

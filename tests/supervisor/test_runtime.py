@@ -358,7 +358,7 @@ def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
     from supervisor import peers, spawn
     lab.stock()
     sv = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)], state_root=str(lab.state_root),
-                                         session_gids=(1879113728, 1879113730)))
+                                         session_gids=(1879113728, 1879113730), allow_root_servers=True))
 
     def fake_spawn(launch, stdio, gid=None):
         raise spawn.NoErrorPipe(24, "the supervisor is out of file descriptors")

@@ -209,3 +209,27 @@ def test_children_live_in_the_supervisors_ipc_namespace(lab):
         child.close()
         for fd in (r_in, r_out, null):
             os.close(fd)
+
+
+@pytest.mark.timeout(30)
+def test_check_warns(lab):
+    """check warns for a grant inside a writable grant (the manifest's own
+    included), for a server that runs as the supervisor's uid, and for a
+    kernel that still allows TIOCSTI."""
+    import json
+    import subprocess
+    from svhelpers import PYTHON, REPO
+    tree = lab.dir / "tree"
+    (tree / "inner").mkdir(parents=True)
+    path = lab.manifest("nested", command="/bin/true", sandbox={
+        "profiles": ["system"], "read_write_noexec": [str(tree)], "read_only": [str(tree / "inner")]})
+    r = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", str(path), "--state-root",
+                        str(lab.state_root)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    warnings = report["manifests"][0]["warnings"]
+    assert any(f"{tree / 'inner'} lies inside its own writable {tree}" in w for w in warnings), warnings
+    assert any("supervisor's own uid" in w for w in warnings), warnings
+    with open("/proc/sys/dev/tty/legacy_tiocsti") as f:
+        legacy = f.read().strip() == "1"
+    assert legacy == any("legacy_tiocsti" in w for w in report["kernel"]["warnings"]), report["kernel"]
