@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from landlock import keyrings_available, syscalls
-from sechelpers import IDENTITIES, Arena, Identity, attack, case, check_limit
+from sechelpers import IDENTITIES, Arena, Identity, case, check_limit
 
 pytestmark = [pytest.mark.enforcement,
               pytest.mark.skipif(not keyrings_available(), reason="machine setting: no keyrings in this kernel")]
