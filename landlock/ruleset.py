@@ -130,7 +130,8 @@ def _writable_first(spec: Spec) -> list[tuple[str, str]]:
 
 
 def _resolver(spec: Spec) -> Resolver:
-    return Resolver(writable_inodes([r for r in spec.path_rules if r[0] in WRITABLE_CLASSES]))
+    return Resolver(writable_inodes([r for r in spec.path_rules if r[0] in WRITABLE_CLASSES]
+                                    + [("untrusted_trees", p) for p in spec.untrusted_trees]))
 
 
 def _open_rule(resolver: Resolver, cls: str, path: str, spec: Spec, report: Report) -> Opened | None:

@@ -55,6 +55,11 @@ class Spec:
     read_write: tuple[str, ...] = ()
     read_write_noexec: tuple[str, ...] = ()
     connect_unix: tuple[str, ...] = ()
+    # Trees a confined process may change (beyond this spec's own writable
+    # grants, which always are): no symlink below them is followed when rule
+    # paths are opened. A spec narrowed from a wider one names the wider
+    # one's writable grants here.
+    untrusted_trees: tuple[str, ...] = ()
     bind_tcp: tuple[int, ...] = ()
     connect_tcp: tuple[int, ...] = ()
     bind_udp: tuple[int, ...] = ()
@@ -76,7 +81,7 @@ class Spec:
 
     def __post_init__(self) -> None:
         for name in ("read_only", "read_only_noexec", "read_write", "read_write_noexec",
-                     "connect_unix", "scopes", "log"):
+                     "connect_unix", "untrusted_trees", "scopes", "log"):
             value = getattr(self, name)
             if isinstance(value, str) or not isinstance(value, Iterable):
                 raise SpecError(f"{name}: expected a list of strings, got {value!r}")
@@ -87,7 +92,8 @@ class Spec:
             object.__setattr__(self, name, value)
         for name in ("bind_tcp", "connect_tcp", "bind_udp", "connect_udp"):
             object.__setattr__(self, name, _ports(name, getattr(self, name)))
-        for name in ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix"):
+        for name in ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix",
+                     "untrusted_trees"):
             for path in getattr(self, name):
                 if not path.startswith("/"):
                     raise SpecError(f"{name}: {path!r} is not an absolute path")

@@ -280,6 +280,9 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     try:
         spec = landlock.Spec(
             **paths, **ports,
+            # Carried into every narrowing of it: a narrowed spec may drop a
+            # writable grant, not the server's power to plant links there.
+            untrusted_trees=(*paths["read_write"], *paths["read_write_noexec"]),
             unrestricted_network=network.get("unrestricted", bool, False),
             scopes=sandbox.strings("scopes", landlock.spec.DEFAULT_SCOPES),
             rlimits=rlimits, require=sandbox.strings("require"),

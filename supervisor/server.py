@@ -782,8 +782,8 @@ class Supervisor:
         spec = manifests.narrow(m, request.get("narrow"))
         launch = spawn.Launch(m.command, [m.command, *m.args, *args],
                               m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec),
-                              # A pool serves the manifest's own spec only, not a narrowed one.
-                              pool=(m.name, m.pool) if m.pool and spec is m.spec else None,
+                              # A pool serves the manifest's own spec (or a narrowing equal to it).
+                              pool=(m.name, m.pool) if m.pool and spec == m.spec else None,
                               # A manifest that names its group keeps it.
                               session_gid=m.spec.group is None)
         return launch, fds

@@ -172,3 +172,14 @@ def test_inside_writable_reports_a_swapped_grant(grants):
 
 def test_no_writable_grant_nothing_inside():
     assert inside_writable(Spec(read_only=("/usr", "/etc/resolv.conf"))) == []
+
+
+def test_untrusted_tree_without_its_grant(grants):
+    """A spec narrowed from a wider one may drop the writable grant but names
+    it in untrusted_trees: a link planted there is refused all the same
+    (between the narrowing's check and the build, a server could swap)."""
+    os.symlink(grants.out, grants.d / "sub")
+    rule = str(grants.d / "sub" / "file")
+    build(Spec(read_only=(rule,))).close()   # followed: nothing says d is writable
+    with pytest.raises(SpecError, match=f"symlink {grants.d}/sub "):
+        build(Spec(read_only=(rule,), untrusted_trees=(str(grants.d),)))

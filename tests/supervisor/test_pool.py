@@ -90,6 +90,21 @@ def test_pooled_children_are_fresh_children(lab, pooled):
 
 
 @pytest.mark.timeout(30)
+def test_a_narrowing_equal_to_the_manifest_keeps_the_pool(pooled):
+    """A narrowing that changes nothing is the manifest's own spec: served
+    by a waiting child, not by a fresh fork (Specs compare by value)."""
+    sv, _ = pooled
+    run(sv.client, "psh", ["true"])
+    assert wait_until(lambda: _pooled(sv, "psh") == POOL, 5)
+    waiting = set(_waiting_children(sv))
+    r = run(sv.client, "psh", ["ulimit -n"], narrow={"rlimits": {"NOFILE": 77}})
+    assert r.code == 0 and r.text == "77\n", r
+    assert r.child.pid in waiting, (r.child.pid, waiting)
+    r = run(sv.client, "psh", ["ulimit -n"], narrow={"rlimits": {"NOFILE": 50}})
+    assert r.text == "50\n" and r.child.pid not in set(_waiting_children(sv)) | waiting, r
+
+
+@pytest.mark.timeout(30)
 def test_pool_waits_confined_and_bounded(pooled):
     """POOL children wait, each in its own session, confined already: a
     signal sent to them is not the supervisor's, and none is counted as a
