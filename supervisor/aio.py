@@ -130,11 +130,11 @@ class AsyncClient:
             raise
         return AsyncChild(sock, reply)
 
-    async def _short(self, op: str) -> dict[str, Any]:
+    async def _short(self, op: str, **fields: Any) -> dict[str, Any]:
         sock = self._connect()
         sock.setblocking(False)
         try:
-            await _send_first(sock, {"op": op})
+            await _send_first(sock, {"op": op, **fields})
             reply = await _receive(sock)
         finally:
             sock.close()
@@ -150,3 +150,6 @@ class AsyncClient:
 
     async def stats(self) -> dict[str, Any]:
         return await self._short("stats")
+
+    async def describe(self, name: str) -> dict[str, Any]:
+        return await self._short("describe", manifest=name)

@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-children-per-uid", type=int, default=64, metavar="N",
                        help="children spawned for one client uid (default 64)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
 
     run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
     run.add_argument("--manifests", action="append", default=[], metavar="PATH",
@@ -144,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
                     state_root=args.state_root or default_state_root(), limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
-                    session_gids=session_gids if os.geteuid() == 0 else None)
+                    session_gids=session_gids if os.geteuid() == 0 else None, only=args.only)
     try:
         supervisor = Supervisor(config)
     except (ManifestError, OSError) as e:
@@ -159,7 +160,7 @@ def _client_for(args: argparse.Namespace) -> Any:
     from . import client as clients
     if args.manifests:
         from .private import start
-        return start(args.manifests, state_root=args.state_root,
+        return start(args.manifests, state_root=args.state_root, only=args.name,
                      extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
     return clients.Client(args.socket)
 
@@ -259,6 +260,25 @@ def _write_all(fd: int, data: bytes) -> None:
             return
 
 
+# What every client's environment holds: not worth a word when not passed.
+_STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_"})
+_STANDARD_PREFIXES = ("LC_", "XDG_")
+
+
+def _client_env(name: str, takes: list[str]) -> dict[str, str]:
+    """The variables of ours that the manifest takes from clients (an MCP
+    client config's `env`: GITHUB_TOKEN...); the names of the others, bar
+    the standard ones, said on stderr: a secret dropped silently is a
+    server that fails for no visible reason."""
+    passed = {k: os.environ[k] for k in takes if k in os.environ}
+    kept = sorted(k for k in os.environ if k not in passed and k not in _STANDARD_ENV
+                  and not k.startswith(_STANDARD_PREFIXES))
+    if kept:
+        print(f"landlock-supervisor: not passed to {name} (not in its client_env): {', '.join(kept)}",
+              file=sys.stderr, flush=True)
+    return passed
+
+
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
     from . import client as clients
@@ -278,12 +298,14 @@ def _run(args: argparse.Namespace) -> int:
     try:
         client = _client_for(args)
     except PrivateStartFailed as e:
-        # Its own line (a manifest error, say) is already on stderr; its status says which kind.
-        return _fail(EXIT_USAGE if e.status == EXIT_USAGE else 1, str(e))
+        if e.status == EXIT_USAGE:
+            return EXIT_USAGE  # it said why, in one line (a manifest error, say)
+        return _fail(1, str(e))
     relay = _Relay()
     try:
         try:
             stdin, stdout, stderr = relay.child_fds
+            env.update(_client_env(args.name, client.describe(args.name)["client_env"]))
             child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
         except clients.NoSuchManifest as e:
             return _fail(EXIT_USAGE, str(e))

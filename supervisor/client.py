@@ -235,10 +235,10 @@ class Client:
             raise
         return Child(sock, reply)
 
-    def _short(self, op: str, timeout: float = 10) -> dict[str, Any]:
+    def _short(self, op: str, timeout: float = 10, **fields: Any) -> dict[str, Any]:
         sock = self._connect()
         try:
-            _send_first(sock, {"op": op})
+            _send_first(sock, {"op": op, **fields})
             reply = _receive(sock, time.monotonic() + timeout)
         finally:
             sock.close()
@@ -254,6 +254,10 @@ class Client:
 
     def stats(self) -> dict[str, Any]:
         return self._short("stats")
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """What a client may give manifest `name`: its client_env names, client_args."""
+        return self._short("describe", manifest=name)
 
 
 def _connect_path(path: str) -> socket.socket:

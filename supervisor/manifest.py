@@ -150,14 +150,8 @@ class _Expander:
 DynamicUid = Callable[[str], int]
 
 
-def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
-         state_root: str | None = None, as_root: bool | None = None,
-         dynamic_uid: DynamicUid | None = None) -> Manifest:
-    """dynamic_uid(name): the uid of a `user: dynamic` manifest under a root
-    supervisor (ids.Table); without it such a manifest runs as the supervisor."""
-    source = str(path)
-    env = dict(os.environ if env is None else env)
-    as_root = os.geteuid() == 0 if as_root is None else as_root
+def _read(source: str) -> Any:
+    """The YAML document of a manifest file, size-capped, aliases refused."""
     try:
         size = os.stat(source).st_size
         if size > MAX_MANIFEST_BYTES:
@@ -169,11 +163,32 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
     try:
         # Aliases are refused outright: "billion laughs" anchors expand to
         # gigabytes, and no manifest needs them.
-        data = yaml.load(text, Loader=_SafeNoAliases)
+        return yaml.load(text, Loader=_SafeNoAliases)
     except (yaml.YAMLError, ValueError, RecursionError) as e:
         # ValueError: a timestamp that is no date, an int of 5,000 digits;
         # RecursionError: nesting thousands deep.
-        raise ManifestError(f"{source}: not valid YAML: {type(e).__name__}: {str(e)[:500]}") from None
+        # One line: PyYAML's own message spans several, with a caret drawing.
+        where = " ".join(str(e).split())[:500]
+        raise ManifestError(f"{source}: not valid YAML: {type(e).__name__}: {where}") from None
+
+
+def name_of(path: str) -> str:
+    """A manifest's name, read without expanding anything (no ${VAR} needs
+    to be set): what a private supervisor for one server looks for."""
+    data = _read(path)
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else Path(path).stem
+
+
+def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+         state_root: str | None = None, as_root: bool | None = None,
+         dynamic_uid: DynamicUid | None = None) -> Manifest:
+    """dynamic_uid(name): the uid of a `user: dynamic` manifest under a root
+    supervisor (ids.Table); without it such a manifest runs as the supervisor."""
+    source = str(path)
+    env = dict(os.environ if env is None else env)
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    data = _read(source)
     top = _Reader(source, data, "", _TOP_KEYS)
     name = top.get("name", str, Path(source).stem)
     if not _NAME.match(name):
@@ -344,8 +359,13 @@ class _SafeNoAliases(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_all(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> dict[str, Manifest]:
-    """Every *.yaml/*.yml of each directory, or the file itself; names unique."""
+def load_all(paths: Iterable[str | os.PathLike[str]], *, only: str | None = None,
+             warn: Callable[[str], None] | None = None, **kwargs: Any) -> dict[str, Manifest]:
+    """Every *.yaml/*.yml of each directory, or the file itself; names unique.
+
+    only: load just the manifest of that name (a private supervisor for one
+    server, started from an MCP client's stripped environment): the other
+    files are read for their name only, and one that cannot be is a warning."""
     files: list[str] = []
     for path in paths:
         p = Path(path)
@@ -355,6 +375,18 @@ def load_all(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> dict[str
             files.append(str(p))
         else:
             raise ManifestError(f"{p}: no such file or directory")
+    if only is not None:
+        wanted = []
+        for f in files:
+            try:
+                if name_of(f) == only:
+                    wanted.append(f)
+            except ManifestError as e:
+                if warn is not None:
+                    warn(f"skipped (looking for {only!r}): {e}")
+        if not wanted:
+            raise ManifestError(f"no manifest named {only!r} in {', '.join(map(str, paths))}")
+        files = wanted
     manifests: dict[str, Manifest] = {}
     for f in files:
         m = load(f, **kwargs)

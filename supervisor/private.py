@@ -74,9 +74,10 @@ def _inheritable_fds() -> list[int]:
     return out
 
 
-def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
+def start(manifests: Sequence[str] | str, *, state_root: str | None = None, only: str | None = None,
           python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
-    """Start a private supervisor for these manifests; call early in main()."""
+    """Start a private supervisor for these manifests (only: the one of that
+    name, the others read for their name alone); call early in main()."""
     paths = [manifests] if isinstance(manifests, (str, os.PathLike)) else list(manifests)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = [python, "-m", "supervisor", "serve", "--control-fd", str(_CONTROL_FD)]
@@ -84,6 +85,8 @@ def start(manifests: Sequence[str] | str, *, state_root: str | None = None,
         argv += ["--manifests", os.fspath(p)]
     if state_root:
         argv += ["--state-root", state_root]
+    if only:
+        argv += ["--only", only]
     argv += list(extra_args)
     # Its stdin and stdout are the proxy's protocol channel: keep off them.
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -96,6 +96,7 @@ class Config:
     allow_root_servers: bool = False   # load manifests that run as uid 0 (allow_root, user: root)
     dynamic_uids: tuple[int, int] = ids.DEFAULT_DYNAMIC_UIDS
     session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids
+    only: str | None = None         # private mode for one server: load that manifest alone
 
 
 def log(message: str) -> None:
@@ -150,7 +151,8 @@ class Supervisor:
         table = None
         if os.geteuid() == 0 and self.config.state_root:
             table = ids.Table(self.config.state_root, self.config.dynamic_uids)
-        loaded = manifests.load_all(self.config.manifest_paths, state_root=self.config.state_root,
+        loaded = manifests.load_all(self.config.manifest_paths, only=self.config.only, warn=log,
+                                    state_root=self.config.state_root,
                                     dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
         out = {}
         for m in loaded.values():
@@ -601,6 +603,15 @@ class Supervisor:
                               "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
                               "connections": len(self.connections), "fds": _fd_count(),
                               "rss_kib": _rss_kib()})
+        elif op == "describe":
+            name = message.get("manifest")
+            m = self.manifests.get(name) if isinstance(name, str) else None
+            if m is None:
+                raise protocol.ProtocolError(f"no such manifest {name!r}", "no_such_manifest")
+            # What a client may give it: `run` passes the client_env names it
+            # has (an MCP client config's `env`), and says which it keeps.
+            self._send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
+                              "client_args": m.client_args})
         elif op in ("signal", "status"):
             session = conn.session
             if session is None:

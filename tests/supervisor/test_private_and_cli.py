@@ -223,6 +223,28 @@ def test_run_passes_client_env(lab):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["daemon", "private"])
+def test_run_passes_what_the_manifest_takes(lab, mode):
+    """An MCP client config's `env` (GITHUB_TOKEN...) reaches the server when
+    the manifest lists the name in client_env, with no --env; the client's
+    other variables stay in `run`, named on stderr (not the standard ones)."""
+    lab.manifest("env", command="/usr/bin/env", client_env=["TOKEN", "ABSENT"])
+    client = {"HOME": "/", "LOGNAME": "u", "PATH": "/usr/bin:/bin", "SHELL": "/bin/sh", "TERM": "dumb",
+              "USER": "u", "LC_ALL": "C", "TOKEN": "s3cret", "UNRELATED_SECRET": "keep me"}
+    if mode == "daemon":
+        svr = lab.start()
+        argv = ["run", "--socket", str(svr.socket_path), "env"]
+    else:
+        argv = ["run", "--allow-root-servers", "--manifests", str(lab.manifest_dir), "env"]
+    r = subprocess.run([PYTHON, "-m", "supervisor", *argv], cwd=REPO, env=client, capture_output=True,
+                       timeout=20)
+    assert r.returncode == 0, r
+    assert b"TOKEN=s3cret\n" in r.stdout and b"UNRELATED_SECRET" not in r.stdout, r
+    note = [line for line in r.stderr.decode().splitlines() if "not passed" in line]
+    assert note == ["landlock-supervisor: not passed to env (not in its client_env): UNRELATED_SECRET"], r.stderr
+
+
+@pytest.mark.timeout(30)
 def test_ping_list_stats_commands(sv):
     import json
     base = ["--socket", str(sv.socket_path)]

@@ -91,3 +91,23 @@ def test_run_with_manifests_runs_exactly_those(lab):
     r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(stale), "--allow-root-servers", "--manifests",
                         str(lab.manifest_dir), "greet"], cwd=REPO, capture_output=True, text=True, timeout=20)
     assert r.returncode == 2 and "--socket" in r.stderr and "Traceback" not in r.stderr, r
+
+
+@pytest.mark.timeout(40)
+def test_private_mode_loads_what_it_runs(lab):
+    """run --manifests DIR NAME from an MCP client's stripped environment: an
+    unrelated manifest with an unset ${VAR} is never expanded, one that is
+    no YAML is a warning; NAME's own error is one line and exit 2."""
+    lab.manifest("greet", command="/bin/echo", args=["hello"])
+    lab.manifest("other", command="${NOT_SET_ANYWHERE}/bin/server")
+    lab.manifest("broken", command="x", raw="name: [unclosed\n")
+    argv = [PYTHON, "-m", "supervisor", "run", "--allow-root-servers", "--manifests", str(lab.manifest_dir)]
+    r = subprocess.run([*argv, "greet"], cwd=REPO, capture_output=True, text=True, timeout=20, env=CLIENT_ENV)
+    assert (r.returncode, r.stdout) == (0, "hello\n"), r
+    assert "broken.yaml" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([*argv, "other"], cwd=REPO, capture_output=True, text=True, timeout=20, env=CLIENT_ENV)
+    assert r.returncode == 2, r
+    lines = [line for line in r.stderr.splitlines() if "broken.yaml" not in line]
+    assert len(lines) == 1 and "NOT_SET_ANYWHERE" in lines[0] and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([*argv, "missing"], cwd=REPO, capture_output=True, text=True, timeout=20, env=CLIENT_ENV)
+    assert r.returncode == 2 and "no manifest named 'missing'" in r.stderr and "Traceback" not in r.stderr, r
