@@ -32,6 +32,9 @@ PYPI_VENV = "/tmp/bench-venv"
 
 
 class Bench:
+    """The run's temporary tree, its manifests and the supervisor daemon;
+    results gathers every figure (the --json output)."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.quick = args.quick

@@ -20,6 +20,9 @@ Run = Callable[[], tuple[int, int | None]]
 
 @dataclass
 class Method:
+    """One method on one target: how to run a spawn, how many and for how
+    long at most, and what the rounds measured."""
+
     key: str
     label: str
     run: Run
