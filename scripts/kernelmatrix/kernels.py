@@ -1,0 +1,58 @@
+"""The kernels of the matrix as a table: how each is had, and the Landlock ABI it should show."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# name -> how to get it. "expect" for Debian kernels comes from ABI_SINCE.
+KERNELS: dict[str, dict[str, Any]] = {
+    f"uml-abi{n}": {"kind": "uml", "expect": str(n), "append": [f"landlock_abi={n}"]} for n in range(1, 7)}
+KERNELS["uml-nolandlock"] = {"kind": "uml", "expect": "0",
+                             "append": ["lsm=capability"]}  # -> EOPNOTSUPP
+# Suites whose linux-image-amd64 is booted: the first names the kernel, the
+# others carry its updates ("-security" ones come from the security mirror).
+KERNELS.update({
+    "bullseye": {"kind": "qemu", "suites": ["bullseye", "bullseye-security"]},
+    "bookworm": {"kind": "qemu", "suites": ["bookworm", "bookworm-updates",
+                                            "bookworm-security"]},
+    "trixie": {"kind": "qemu", "suites": ["trixie", "trixie-updates",
+                                          "trixie-security"]},
+    "sid": {"kind": "qemu", "suites": ["sid"]},
+})
+GROUPS = ("uml", "qemu")
+# First kernel version of each Landlock ABI (docs/kernel history). A newer
+# kernel than the table's top row is expected to have "at least" that ABI.
+ABI_SINCE = [((7, 2), 10), ((7, 1), 9), ((7, 0), 8), ((6, 15), 7),
+             ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3),
+             ((5, 19), 2), ((5, 13), 1)]
+UML_SOURCE_PKG = "linux-source-6.12"
+UML_SOURCE_SUITES = ["trixie", "trixie-security", "bookworm-security",
+                     "bookworm-backports"]
+
+
+def expected_abi(kver: str) -> str:
+    """The ABI a Debian kernel of version kver should show: "N", "N+" past the table, "0" before Landlock."""
+    m = re.match(r"(\d+)\.(\d+)", kver)
+    if not m:
+        raise ValueError(f"not a kernel version: {kver}")
+    v = (int(m.group(1)), int(m.group(2)))
+    for since, abi in ABI_SINCE:
+        if v >= since:
+            return f"{abi}+" if v[:2] > ABI_SINCE[0][0] else str(abi)
+    return "0"
+
+
+def select(only: str | None) -> list[str]:
+    """The kernels --only names (kernel names or groups), in table order.
+    Raises ValueError naming what is unknown."""
+    if not only:
+        return list(KERNELS)
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    bad = [w for w in wanted if w not in KERNELS and w not in GROUPS]
+    if bad or not wanted:
+        raise ValueError(f"unknown kernel {bad}; known: {', '.join(KERNELS)}, uml, qemu")
+    return [n for n in KERNELS if n in wanted or KERNELS[n]["kind"] in wanted]
+
+
+def kind(name: str) -> str:
+    return str(KERNELS[name]["kind"])

@@ -1,0 +1,106 @@
+"""scripts/multikernel's pure parts (scripts/kernelmatrix/): the kernel table, the options, a guest's console read, the matrix."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.kernelmatrix import guest, kernels, main, matrix
+from scripts.kernelmatrix.config import TEST_PATHS
+
+UML = ["uml-abi1", "uml-abi2", "uml-abi3", "uml-abi4", "uml-abi5", "uml-abi6", "uml-nolandlock"]
+QEMU = ["bullseye", "bookworm", "trixie", "sid"]
+
+
+@pytest.mark.parametrize("kver, abi", [
+    ("5.10.0-30-amd64", "0"), ("5.13.0", "1"), ("6.1.0-28-amd64", "2"), ("6.12.118+deb13-amd64", "6"),
+    ("6.15.1", "7"), ("7.2.13+deb14-amd64", "10"), ("7.3.0", "10+"), ("8.0.1", "10+")])
+def test_expected_abi(kver: str, abi: str) -> None:
+    assert kernels.expected_abi(kver) == abi
+
+
+def test_the_table() -> None:
+    assert list(kernels.KERNELS) == UML + QEMU
+    assert [kernels.KERNELS[n]["expect"] for n in UML] == ["1", "2", "3", "4", "5", "6", "0"]
+
+
+@pytest.mark.parametrize("only, names", [
+    (None, UML + QEMU), ("", UML + QEMU), ("uml", UML), ("qemu", QEMU),
+    ("bookworm, uml-abi2", ["uml-abi2", "bookworm"]), ("qemu,uml-nolandlock", ["uml-nolandlock"] + QEMU)])
+def test_select(only: str | None, names: list[str]) -> None:
+    assert kernels.select(only) == names
+
+
+@pytest.mark.parametrize("only", ["nope", "uml,bogus", " , "])
+def test_select_refuses(only: str) -> None:
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernels.select(only)
+
+
+def test_parse() -> None:
+    args, names, paths = main.parse(["--only", "uml-abi2", "-j", "3", "tests/kernel"])
+    assert (names, paths, args.j, args.prepare_only, args.timeout) == (["uml-abi2"], ["tests/kernel"], 3, False, None)
+    args, names, paths = main.parse([])
+    assert names == UML + QEMU and args.j == 2 and paths and set(paths) <= set(TEST_PATHS)
+
+
+@pytest.mark.parametrize("argv", [["--only", "nope"], ["-j", "0"], ["no/such/path"], ["--timeout", "x"]])
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main.parse(argv)
+    assert e.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+CONSOLE = """\
+landlock-abi: 2
+============ test session starts ============
+...
+==== 1 failed, 10 passed, 2 skipped, 1 error in 31.20s ====
+MULTIKERNEL-EXIT={rc}
+"""
+
+
+@pytest.mark.parametrize("rc, status, reason", [
+    ("0", "ok", ""), ("1", "FAIL", "pytest exited 1"), ("5", "FAIL", "pytest collected no test"),
+    ("125", "FAIL", "guest setup failed")])
+def test_read_console(rc: str, status: str, reason: str) -> None:
+    got = guest.read_console(CONSOLE.format(rc=rc), False, 300)
+    assert got == {"seen": "2", "passed": 10, "skipped": 2, "failed": 2, "status": status, "reason": reason}
+
+
+def test_read_console_without_marker_or_in_time() -> None:
+    got = guest.read_console("landlock-abi: 0 (EOPNOTSUPP)\nKernel panic\n", False, 300)
+    assert (got["seen"], got["passed"], got["status"], got["reason"]) == (
+        "0 (EOPNOTSUPP)", 0, "FAIL", "guest ended without its exit marker")
+    got = guest.read_console(CONSOLE.format(rc="0"), True, 300)
+    assert (got["status"], got["reason"]) == ("FAIL", "guest timed out after 300s")
+    assert guest.read_console("", False, 1)["seen"] == "?"
+
+
+@pytest.mark.parametrize("repo, cache, keep", [
+    ("/srv/repo", "/var/cache/mk", "0"), ("/tmp/repo", "/var/cache/mk", "1"), ("/srv/repo", "/tmp", "1")])
+def test_guest_params(repo: str, cache: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guest's /tmp stays the host's when it holds the repository or the cache."""
+    monkeypatch.setattr(guest, "REPO", Path(repo))
+    monkeypatch.setattr(guest, "CACHE", Path(cache))
+    assert guest.params(Path("/c/run/x.sh")) == ["GUEST_CMD=/c/run/x.sh", f"MK_KEEP_TMP={keep}"]
+
+
+def test_matrix() -> None:
+    results: dict[str, dict[str, Any]] = {
+        "uml-abi2": {"status": "ok", "reason": "", "expect": "2", "seen": "2", "passed": 41, "failed": 0,
+                     "skipped": 3, "secs": 12.4},
+        "bookworm": {"status": "FAIL", "reason": "pytest exited 1", "expect": "2", "seen": "2", "passed": 40,
+                     "failed": 1, "skipped": 3, "secs": 301.0},
+        "sid": {"status": "skip", "reason": "sid has no linux-image-amd64", "expect": "-"},
+    }
+    versions = {"uml-abi2": "6.12.57-1 UML landlock_abi=2", "bookworm": "6.1.0-28-amd64 (bookworm)"}
+    assert matrix.render(["uml-abi2", "bookworm", "sid"], results, versions) == [
+        "kernel    version                       ABI expected  ABI seen  passed  failed  skipped  time  result",
+        "uml-abi2  6.12.57-1 UML landlock_abi=2  2             2         41      0       3        12s   ok",
+        "bookworm  6.1.0-28-amd64 (bookworm)     2             2         40      1       3        301s  FAIL: pytest exited 1",
+        "sid       -                             -             -         -       -       -        -     "
+        "skip: sid has no linux-image-amd64",
+    ]
