@@ -150,8 +150,9 @@ def test_landlock_exec_resets_scheduling_and_keyring():
     _realtime_or_skip()
     repo = os.path.dirname(os.path.dirname(landlock.__file__))
     python = os.path.realpath(sys.executable)
+    # --best-effort: these steps are taken on a kernel without Landlock too.
     r = subprocess.run([sys.executable, "-m", "landlock", "--rox", f"/usr,{sys.base_prefix},{repo}",
-                        "--user", "65534", "--", python, "-c", _PROBE, repo],
+                        "--best-effort", "--user", "65534", "--", python, "-c", _PROBE, repo],
                        capture_output=True, text=True, timeout=30, preexec_fn=_make_realtime)
     assert r.returncode == 0, r.stderr
     import json

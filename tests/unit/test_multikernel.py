@@ -79,6 +79,12 @@ def test_read_console_without_marker_or_in_time() -> None:
     assert guest.read_console("", False, 1)["seen"] == "?"
 
 
+def test_uml_that_cannot_run_on_this_host_is_skipped() -> None:
+    """An AMX host breaks UML 6.12 at its first process: a skip naming why, not a FAIL."""
+    got = guest.read_console("userspace - ptrace set fp regs failed, errno = 14\nKernel panic\n", False, 300)
+    assert got["status"] == "skip" and "cannot run on this host" in got["reason"], got
+
+
 @pytest.mark.parametrize("repo, cache, keep", [
     ("/srv/repo", "/var/cache/mk", "0"), ("/tmp/repo", "/var/cache/mk", "1"), ("/srv/repo", "/tmp", "1")])
 def test_guest_params(repo: str, cache: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
