@@ -282,7 +282,6 @@ def _client_env(name: str, takes: list[str]) -> dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
     from . import client as clients
-    from . import reap
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
     # Caught from the start: a signal that comes while the spawn is under way
@@ -327,7 +326,7 @@ def _run(args: argparse.Namespace) -> int:
             if child.fileno() in ready:
                 child.poll()
         relay.drain()
-        return reap.shell_status(child.exited)
+        return clients.shell_status(child.exited)
     finally:
         relay.started()
         relay.drain(0)
