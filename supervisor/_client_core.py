@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 import signal as signals
 import socket
-from collections.abc import Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from . import protocol
 
@@ -98,6 +98,33 @@ class Wait(NamedTuple):
 
 T = TypeVar("T")
 Exchange = Generator[Wait, None, T]
+
+
+class Run(Generic[T]):
+    """An exchange as a transport drives it:
+
+        run = Run(exchange)
+        for wait in run:           # until the exchange returns or raises
+            try:
+                ...wait for wait.sock...
+            except BaseException as e:
+                run.thrown = e     # the exchange sees it where it waits
+        return run.result
+    """
+
+    def __init__(self, exchange: Exchange[T]) -> None:
+        self._exchange = exchange
+        self.thrown: BaseException | None = None
+
+    def __iter__(self) -> Iterator[Wait]:
+        try:
+            wait = next(self._exchange)
+            while True:
+                yield wait
+                thrown, self.thrown = self.thrown, None
+                wait = self._exchange.throw(thrown) if thrown is not None else next(self._exchange)
+        except StopIteration as done:
+            self.result: T = done.value
 
 
 def receive(sock: socket.socket, within: float | None = None) -> Exchange[dict[str, Any]]:

@@ -36,20 +36,15 @@ async def _readable(sock: socket.socket) -> None:
 
 async def _run(exchange: core.Exchange[core.T]) -> core.T:
     """Drive an exchange to its end in the event loop."""
-    thrown: BaseException | None = None
-    while True:
-        try:
-            wait = exchange.throw(thrown) if thrown is not None else next(exchange)
-        except StopIteration as done:
-            result: core.T = done.value
-            return result
-        thrown = None
+    run = core.Run(exchange)
+    for wait in run:
         try:
             await asyncio.wait_for(_readable(wait.sock), wait.within)
         except asyncio.TimeoutError:
-            thrown = TimeoutError(core.NO_ANSWER)
+            run.thrown = TimeoutError(core.NO_ANSWER)
         except BaseException as e:  # a cancellation included: the exchange cleans up
-            thrown = e
+            run.thrown = e
+    return run.result
 
 
 class AsyncChild(core.ChildState):

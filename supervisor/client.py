@@ -32,21 +32,16 @@ _REPLY_TIMEOUT = 10   # seconds: ping, list, stats, describe, signal, status, le
 def _run(exchange: core.Exchange[core.T], timeout: float | None) -> core.T:
     """Drive an exchange to its end, waiting in select() for at most `timeout` seconds."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    thrown: BaseException | None = None
-    while True:
-        try:
-            wait = exchange.throw(thrown) if thrown is not None else next(exchange)
-        except StopIteration as done:
-            result: core.T = done.value
-            return result
-        thrown = None
+    run = core.Run(exchange)
+    for wait in run:
         until = deadline if wait.within is None else time.monotonic() + wait.within
         try:
             remaining = None if until is None else max(0.0, until - time.monotonic())
             if not select.select([wait.sock], [], [], remaining)[0]:
-                thrown = TimeoutError(core.NO_ANSWER)
+                run.thrown = TimeoutError(core.NO_ANSWER)
         except BaseException as e:  # ^C included: the exchange cleans up
-            thrown = e
+            run.thrown = e
+    return run.result
 
 
 class Child(core.ChildState):
