@@ -5,6 +5,7 @@ imported on first use: a process that only enters prepared confinements
 (landlock.enter) stays free of the rest, which would slow its every fork.
 """
 import importlib
+from typing import Any
 
 _EXPORTS = {
     "enforce": ("Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",
@@ -19,7 +20,7 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     else:

@@ -103,7 +103,7 @@ def _rlimits(items: list[str]) -> dict[str, tuple[int, int]]:
 def spec_from_args(args: argparse.Namespace) -> Spec:
     user, _, group = (args.user or "").partition(":")
     scopes = DEFAULT_SCOPES if args.scope is None else tuple(s for s in args.scope if s != "none")
-    spec = Spec(
+    spec = Spec.of(
         read_only_noexec=_split(args.ro), read_only=_split(args.rox),
         read_write_noexec=_split(args.rw), read_write=_split(args.rwx),
         connect_unix=_split(args.unix),

@@ -33,12 +33,12 @@ def spec_from_go(text: str) -> Spec:
     # Go encodes nil slices as null.
     ro = data.get("ReadOnlyPaths") or []
     rw = data.get("ReadWritePaths") or []
-    limits = {}
+    limits: dict[str, tuple[int, int]] = {}
     for item in data.get("Rlimits") or []:
         if not isinstance(item, Mapping) or item.get("Resource") not in _RLIMIT_BY_NUMBER:
             raise SpecError(f"{ENV_GO_SPEC}: Rlimits: bad entry {item!r}")
         limits[_RLIMIT_BY_NUMBER[item["Resource"]]] = (_go_limit(item.get("Cur")), _go_limit(item.get("Max")))
-    return Spec(read_only=ro, read_write=rw, rlimits=limits,
+    return Spec.of(read_only=ro, read_write=rw, rlimits=limits,
                 best_effort=bool(data.get("BestEffort", False)),
                 unrestricted_filesystem=not ro and not rw,
                 # The zero value asks nothing of Landlock: no scopes either.

@@ -33,7 +33,7 @@ class SymlinkInsideWritable(SpecError):
                          "refused (a confined process may have made it)")
         self.cls, self.path, self.link, self.grant = cls, path, link, grant
 
-    def __reduce__(self):  # pickled by tests and fork-servers: rebuilt from the fields
+    def __reduce__(self) -> tuple[type[SymlinkInsideWritable], tuple[str, str, str, str]]:  # pickled by tests and fork-servers: rebuilt from the fields
         return type(self), (self.cls, self.path, self.link, self.grant)
 
 

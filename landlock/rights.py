@@ -129,4 +129,4 @@ PATH_CLASSES: dict[str, int] = {
 
 
 def names(flag_type: type[enum.IntFlag], value: int) -> list[str]:
-    return [m.name.lower() for m in flag_type if m.value & value]
+    return [m.name.lower() for m in flag_type if m.name and m.value & value]

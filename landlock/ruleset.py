@@ -20,6 +20,10 @@ class LandlockUnavailable(RuntimeError):
     """Landlock, or a required feature, is missing while the spec fails closed."""
 
 
+# (path, (st_dev, st_ino) or None when missing, follow): see Ruleset.identity.
+PathIdentity = tuple[str, Inode | None, bool]
+
+
 @dataclass
 class Ruleset:
     fd: int                 # -1: nothing to enforce (unrestricted, or best effort)
@@ -30,7 +34,7 @@ class Ruleset:
     # follow) for every rule. `follow` only for a path ending in a symlink,
     # which is outside every writable grant: elsewhere a link put in place of
     # the path is a change, not the thing to look through.
-    identity: tuple[tuple[str, Inode | None, bool], ...] = field(default=())
+    identity: tuple[PathIdentity, ...] = field(default=())
 
     def restrict_self(self) -> None:
         if self.fd >= 0:
@@ -147,8 +151,8 @@ def _open_rule(resolver: Resolver, cls: str, path: str, spec: Spec, report: Repo
         raise SpecError(f"{cls}: {path}: {e.strerror}") from None
 
 
-def _add_path_rules(fd: int, spec: Spec, handled_fs: int, report: Report):
-    identity: list[tuple[str, Inode | None, bool]] = []
+def _add_path_rules(fd: int, spec: Spec, handled_fs: int, report: Report) -> tuple[PathIdentity, ...]:
+    identity: list[PathIdentity] = []
     resolver = _resolver(spec)
     for cls, path in _writable_first(spec):
         opened = _open_rule(resolver, cls, path, spec, report)

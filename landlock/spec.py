@@ -36,7 +36,8 @@ class Rlimit:
 
     @property
     def resource(self) -> int:
-        return getattr(resource, "RLIMIT_" + self.name)
+        number: int = getattr(resource, "RLIMIT_" + self.name)
+        return number
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,13 @@ class Spec:
         if self.unrestricted_filesystem and "filesystem" in self.require:
             raise SpecError("require: filesystem contradicts unrestricted_filesystem")
 
+    @classmethod
+    def of(cls, **fields: Any) -> "Spec":
+        """A Spec from looser values than its fields' types: any iterable for
+        a tuple or for `require`, a {NAME: limit or (soft, hard)} mapping for
+        `rlimits`. __post_init__ checks them and makes them the fields' types."""
+        return cls(**fields)
+
     @property
     def path_rules(self) -> list[tuple[str, str]]:
         """(class, path) for every path rule, in a stable order."""
@@ -173,7 +181,7 @@ def parse_rlimits(value: Any) -> tuple[Rlimit, ...]:
             items.append((item.name, (item.soft, item.hard)))
     else:
         raise SpecError(f"rlimits: expected a mapping of NAME: value, got {value!r}")
-    out = []
+    out: list[Rlimit] = []
     for name, limit in items:
         key = str(name).upper().removeprefix("RLIMIT_")
         key = RLIMIT_ALIASES.get(key, key)

@@ -171,4 +171,5 @@ def tcgetsid(fd: int) -> int:
 
 
 def gettid() -> int:
-    return _libc.gettid()
+    tid: int = _libc.gettid()
+    return tid

@@ -1,4 +1,4 @@
-"""Exit statuses, and reaping every child (grandchildren too, as subreaper)."""
+"""Reaping every child (grandchildren too, as subreaper) and describing how each ended."""
 from __future__ import annotations
 
 import os
@@ -33,8 +33,3 @@ def describe(status: int, rusage: Any) -> dict[str, Any]:
     out["rusage"] = {"utime": round(rusage.ru_utime, 6), "stime": round(rusage.ru_stime, 6),
                      "maxrss_kib": rusage.ru_maxrss}
     return out
-
-
-def shell_status(exited: dict[str, Any]) -> int:
-    """The status a shell would give: the code, or 128 + the signal."""
-    return exited["code"] if exited.get("code") is not None else 128 + (exited.get("signal") or 0)

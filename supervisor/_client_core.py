@@ -1,0 +1,267 @@
+"""The client's logic without its waiting: requests, replies -> child state or exception.
+
+Each exchange with the supervisor is a generator that sends, reads what has
+come and, when nothing has, yields a `Wait`: the socket to wait on. The
+transports only wait: client.py with select() and a deadline, aio.py in the
+event loop. Whatever the waiting raises (a timeout, a cancellation, ^C) is
+thrown back into the generator, so cleanups (a failed spawn closes its
+socket) are written once, here. Imports nothing of the server, nor yaml,
+prctl or ctypes: a proxy only needs the wire.
+"""
+from __future__ import annotations
+
+import functools
+import signal as signals
+import socket
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+from . import protocol
+
+if TYPE_CHECKING:
+    from landlock.report import Report
+
+# The error codes (docs/protocol.md) a client tells apart.
+NO_SUCH_MANIFEST = "no_such_manifest"
+REFUSED_PEER = "refused_peer"
+CONFINEMENT_UNAVAILABLE = "confinement_unavailable"
+SPAWN_FAILED = "spawn_failed"
+EXITED = "exited"            # signal after the child's exit: nothing to do
+ARGS_REFUSED, ENV_REFUSED = "args_refused", "env_refused"
+
+CLOSED = "the supervisor closed the connection"
+NO_ANSWER = "no answer from the supervisor in time"
+REFUSAL_WAIT = 1.0   # seconds to read a refused peer's refusal
+
+
+class SupervisorError(Exception):
+    """The supervisor said no; `code` says why in a word (see docs/protocol.md)."""
+
+    def __init__(self, message: str, code: str = "error", reply: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reply = dict(reply or {})
+
+
+class NoSuchManifest(SupervisorError): pass
+class RefusedPeer(SupervisorError): pass
+class ConfinementUnavailable(SupervisorError): pass
+
+
+class SpawnFailed(SupervisorError):
+    """The child could not confine itself or exec; errno and stage say where."""
+
+    @property
+    def errno(self) -> int:
+        return int(self.reply.get("errno", 0))
+
+    @property
+    def stage(self) -> str:
+        return str(self.reply.get("stage", ""))
+
+
+_ERRORS: dict[str, type[SupervisorError]] = {
+    NO_SUCH_MANIFEST: NoSuchManifest, REFUSED_PEER: RefusedPeer,
+    CONFINEMENT_UNAVAILABLE: ConfinementUnavailable, SPAWN_FAILED: SpawnFailed}
+
+
+def error_from(reply: Mapping[str, Any]) -> SupervisorError:
+    code = str(reply.get("code", "error"))
+    return _ERRORS.get(code, SupervisorError)(str(reply.get("error", "unknown error")), code, reply)
+
+
+def shell_status(exited: Mapping[str, Any]) -> int:
+    """The status a shell would give: the code, or 128 + the signal."""
+    return int(exited["code"]) if exited.get("code") is not None else 128 + int(exited.get("signal") or 0)
+
+
+def spawn_request(name: str, args: Sequence[str], env: Mapping[str, str] | None,
+                  narrow: Mapping[str, Any] | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"op": "spawn", "manifest": name, "args": list(args)}
+    if env:
+        request["env"] = dict(env)
+    if narrow:
+        request["narrow"] = dict(narrow)
+    return request
+
+
+def signal_request(sig: int, group: bool) -> dict[str, Any]:
+    return {"op": "signal", "signal": int(sig), "group": group}
+
+
+class Wait(NamedTuple):
+    """Wake the exchange when `sock` is readable; `within` seconds, if given,
+    replaces the transport's deadline."""
+    sock: socket.socket
+    within: float | None = None
+
+
+T = TypeVar("T")
+Exchange = Generator[Wait, None, T]
+
+
+class Run(Generic[T]):
+    """An exchange as a transport drives it:
+
+        run = Run(exchange)
+        for wait in run:           # until the exchange returns or raises
+            try:
+                ...wait for wait.sock...
+            except BaseException as e:
+                run.thrown = e     # the exchange sees it where it waits
+        return run.result
+    """
+
+    def __init__(self, exchange: Exchange[T]) -> None:
+        self._exchange = exchange
+        self.thrown: BaseException | None = None
+
+    def __iter__(self) -> Iterator[Wait]:
+        try:
+            wait = next(self._exchange)
+            while True:
+                yield wait
+                thrown, self.thrown = self.thrown, None
+                wait = self._exchange.throw(thrown) if thrown is not None else next(self._exchange)
+        except StopIteration as done:
+            self.result: T = done.value
+
+
+def receive(sock: socket.socket, within: float | None = None) -> Exchange[dict[str, Any]]:
+    """The next message (any fds that came with it closed)."""
+    reset = False
+    while True:
+        yield Wait(sock, within)
+        try:
+            message, fds = protocol.recv(sock)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            # Closed with our request unread: the error comes once, then
+            # what the supervisor sent before closing (a refusal) is read.
+            if reset:
+                raise
+            reset = True
+            continue
+        protocol.close_all(fds)
+        if message is None:
+            raise ConnectionError(CLOSED)
+        return message
+
+
+def send_first(sock: socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> Exchange[None]:
+    """A connection's first request. A refused peer finds the connection
+    closed under it (EPIPE) with the refusal waiting to be read: raise that."""
+    try:
+        protocol.send(sock, request, fds)
+        return
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        reply = yield from receive(sock, REFUSAL_WAIT)
+    except (OSError, TimeoutError, protocol.ProtocolError):
+        raise ConnectionError(CLOSED) from None
+    raise error_from(reply) from None
+
+
+def spawn(sock: socket.socket, request: dict[str, Any], stdio: Sequence[int]) -> Exchange[dict[str, Any]]:
+    """The `spawned` reply; on any failure the socket is closed."""
+    try:
+        yield from send_first(sock, request, stdio)
+        reply = yield from receive(sock)
+        if reply.get("event") != "spawned":
+            raise error_from(reply)
+    except BaseException:
+        sock.close()
+        raise
+    return reply
+
+
+def short(sock: socket.socket, op: str, **fields: Any) -> Exchange[dict[str, Any]]:
+    """A one-request connection (ping, list, stats, describe): its reply."""
+    try:
+        yield from send_first(sock, {"op": op, **fields})
+        reply = yield from receive(sock)
+    finally:
+        sock.close()
+    if reply.get("event") == "error":
+        raise error_from(reply)
+    return reply
+
+
+class ChildState:
+    """What the supervisor told about a child, and the exchanges on its
+    connection: shared by the sync and asyncio clients."""
+
+    def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
+        self._sock = sock
+        self.pid: int = spawned["pid"]
+        self.pgid: int = spawned["pgid"]
+        self.manifest: str = spawned.get("manifest", "")
+        self._report: Mapping[str, Any] = spawned["report"]
+        self.exited: dict[str, Any] | None = None   # the `exited` event, once known
+
+    @functools.cached_property
+    def report(self) -> Report:
+        """What the kernel enforces on the child (built when first asked for:
+        a proxy spawning in a loop may never look)."""
+        from landlock.report import Report
+        return Report.from_dict(dict(self._report))
+
+    @property
+    def returncode(self) -> int | None:
+        """As subprocess has it: the exit code, or -N for signal N."""
+        if self.exited is None:
+            return None
+        return self.exited["code"] if self.exited["code"] is not None else -self.exited["signal"]
+
+    def fileno(self) -> int:
+        """Readable when the supervisor has news (e.g. the exit): for selectors."""
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _next(self) -> Exchange[dict[str, Any]]:
+        message = yield from receive(self._sock)
+        if message.get("event") == "exited":
+            self.exited = message
+        return message
+
+    def _request(self, request: dict[str, Any], expect: str) -> Exchange[dict[str, Any]]:
+        protocol.send(self._sock, request)
+        while True:
+            reply = yield from self._next()
+            if reply.get("event") == expect:
+                return reply
+            if reply.get("event") == "error":
+                raise error_from(reply)
+
+    def _exit(self) -> Exchange[int]:
+        """The child's returncode, once it has exited."""
+        while self.exited is None:
+            yield from self._next()
+        code = self.returncode
+        assert code is not None
+        return code
+
+    def _signal(self, sig: int, group: bool) -> Exchange[None]:
+        if self.exited is not None:
+            return
+        try:
+            yield from self._request(signal_request(sig, group), "signalled")
+        except SupervisorError as e:
+            if e.code != EXITED:
+                raise
+
+    def _leave(self) -> Exchange[None]:
+        """Leaving a `with` block: a child still running is killed, its exit
+        awaited (any failure of that ignored), the connection closed."""
+        try:
+            if self.exited is None:
+                yield from self._signal(signals.SIGKILL, True)
+                yield from self._exit()
+        except (OSError, SupervisorError, TimeoutError):
+            pass
+        finally:
+            self.close()

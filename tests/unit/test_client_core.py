@@ -1,0 +1,134 @@
+"""The client's exchanges without a supervisor: a socketpair plays its part."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from supervisor import _client_core as core
+from supervisor import aio, protocol
+from supervisor.client import _run
+
+
+@pytest.fixture
+def pair():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def _read(sock: socket.socket) -> dict:
+    message, fds = protocol.recv(sock)
+    protocol.close_all(fds)
+    assert message is not None
+    return message
+
+
+def test_short_exchange_returns_the_reply_and_closes(pair):
+    ours, theirs = pair
+    protocol.send(theirs, {"event": "pong", "pid": 7})
+    assert _run(core.short(ours, "ping"), 5) == {"v": 1, "event": "pong", "pid": 7}
+    assert _read(theirs) == {"v": 1, "op": "ping"}
+    assert ours.fileno() == -1
+
+
+@pytest.mark.parametrize("code, kind", [("no_such_manifest", core.NoSuchManifest),
+                                        ("refused_peer", core.RefusedPeer),
+                                        ("confinement_unavailable", core.ConfinementUnavailable),
+                                        ("spawn_failed", core.SpawnFailed),
+                                        ("bad_spec", core.SupervisorError)])
+def test_an_error_reply_is_its_exception(pair, code, kind):
+    ours, theirs = pair
+    protocol.send(theirs, {"event": "error", "code": code, "error": "no", "stage": "exec", "errno": 2})
+    with pytest.raises(kind) as raised:
+        _run(core.spawn(ours, core.spawn_request("x", [], None, None), [0, 1, 2]), 5)
+    assert type(raised.value) is kind and raised.value.code == code and str(raised.value) == "no"
+    assert ours.fileno() == -1     # a failed spawn closes its connection
+    if kind is core.SpawnFailed:
+        assert (raised.value.stage, raised.value.errno) == ("exec", 2)
+
+
+def _refuse(ours: socket.socket, theirs: socket.socket) -> None:
+    """The supervisor refuses and closes with our first request unread."""
+    protocol.send(ours, {"op": "early"})
+    protocol.send(theirs, {"event": "error", "code": "refused_peer", "error": "go away"})
+    theirs.close()
+
+
+def test_a_refused_peer_reads_the_refusal_after_a_failed_send(pair):
+    _refuse(*pair)
+    with pytest.raises(core.RefusedPeer, match="go away"):
+        _run(core.short(pair[0], "ping"), 5)
+
+
+def test_a_reset_read_once_then_the_refusal(pair):
+    _refuse(*pair)
+    assert _run(core.receive(pair[0]), 5)["code"] == "refused_peer"
+
+
+def test_a_silent_close_is_a_connection_error(pair):
+    ours, theirs = pair
+    theirs.close()
+    with pytest.raises(ConnectionError, match="closed"):
+        _run(core.short(ours, "ping"), 5)
+
+
+def test_no_answer_in_time(pair):
+    ours, _ = pair
+    with pytest.raises(TimeoutError):
+        _run(core.short(ours, "ping"), 0.05)
+    assert ours.fileno() == -1
+
+
+def test_requests_are_the_protocols_bytes():
+    assert protocol.encode(core.spawn_request("fs", ("a",), {"T": "1"}, {"read_only": ["/x"]})) == json.dumps(
+        {"v": 1, "op": "spawn", "manifest": "fs", "args": ["a"], "env": {"T": "1"},
+         "narrow": {"read_only": ["/x"]}}, separators=(",", ":")).encode()
+    assert core.spawn_request("fs", [], None, {}) == {"op": "spawn", "manifest": "fs", "args": []}
+    assert core.signal_request(15, True) == {"op": "signal", "signal": 15, "group": True}
+
+
+def test_child_state_follows_the_events(pair):
+    ours, theirs = pair
+    child = core.ChildState(ours, {"pid": 5, "pgid": 5, "report": {"abi": 3, "enforced": True}})
+    assert child.returncode is None and child.report.abi == 3 and child.report.enforced
+    protocol.send(theirs, {"event": "exited", "pid": 5, "code": None, "signal": 9})
+    assert _run(child._exit(), 5) == -9
+    assert core.shell_status(child.exited) == 137
+    assert _run(child._signal(15, True), 5) is None      # exited: nothing sent
+    _run(child._leave(), 5)
+    assert ours.fileno() == -1
+
+
+def test_signal_after_exit_is_no_error(pair):
+    ours, theirs = pair
+    child = core.ChildState(ours, {"pid": 5, "pgid": 5, "report": {}})
+    protocol.send(theirs, {"event": "error", "code": "exited", "error": "it has exited"})
+    _run(child._signal(15, False), 5)
+    assert _read(theirs) == {"v": 1, "op": "signal", "signal": 15, "group": False}
+
+
+def test_shell_status():
+    assert core.shell_status({"code": 3, "signal": None}) == 3
+    assert core.shell_status({"code": None, "signal": 15}) == 143
+
+
+def test_the_event_loop_drives_the_same_exchanges(pair):
+    ours, theirs = pair
+    ours.setblocking(False)
+    protocol.send(theirs, {"event": "pong", "pid": 7})
+    assert asyncio.run(aio._run(core.short(ours, "ping")))["pid"] == 7
+
+
+def test_a_cancelled_spawn_closes_its_connection(pair):
+    ours, _ = pair
+    ours.setblocking(False)
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(aio._run(core.spawn(ours, {"op": "spawn"}, [0, 1, 2])), 0.05)
+    asyncio.run(main())
+    assert ours.fileno() == -1
