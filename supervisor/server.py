@@ -16,7 +16,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ import prctl
 
 import landlock
 
-from . import ids, namespaces, peers, protocol, reap, spawn, state
+from . import ids, namespaces, peers, procfs, protocol, reap, spawn, state
 from . import manifest as manifests
 from .paths import default_socket_path
 from .manifest import Manifest, ManifestError
@@ -338,7 +338,7 @@ class Supervisor:
         # one orphans its own children to us in turn.
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
-            left = _children_of(self.pid)
+            left = procfs.children_of(self.pid)
             if not left:
                 break
             for pid in left:
@@ -403,7 +403,7 @@ class Supervisor:
             return "too_many_connections", f"the supervisor has {count} connections, its limit"
         owner = peer.uid == os.geteuid()
         if not owner and peer.uid not in self.config.allow_uids and not (
-                self.config.allow_gids and ({peer.gid} | peers.groups_of(peer.pid)) & self.config.allow_gids):
+                self.config.allow_gids and ({peer.gid} | procfs.groups_of(peer.pid)) & self.config.allow_gids):
             return "refused_peer", f"uid {peer.uid} is not allowed to use this supervisor"
         if not owner:
             if count >= limits.connections - limits.owner_connections:
@@ -427,7 +427,7 @@ class Supervisor:
         it for good. A proxy reconnecting for every spawn costs one read of
         /proc/PID/stat, not a walk up to init."""
         try:
-            key = (pid, peers.stat_fields(pid)[19])
+            key = (pid, procfs.stat_fields(pid)[19])
         except (OSError, IndexError):
             return peers.descends_from(pid, self.pid)
         if key in self.not_descendants:
@@ -601,8 +601,8 @@ class Supervisor:
             self._send(conn, {"event": "stats", **self.stats, "children": len(self.sessions),
                               "zygote": self.zygote.pid,
                               "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
-                              "connections": len(self.connections), "fds": _fd_count(),
-                              "rss_kib": _rss_kib()})
+                              "connections": len(self.connections), "fds": procfs.fd_count(),
+                              "rss_kib": procfs.rss_kib()})
         elif op == "describe":
             name = message.get("manifest")
             m = self.manifests.get(name) if isinstance(name, str) else None
@@ -874,7 +874,7 @@ class Supervisor:
         if directory is None:
             return None
         try:
-            path = os.path.join(directory, f"{pid}.{peers.stat_fields(pid)[19]}")
+            path = os.path.join(directory, f"{pid}.{procfs.stat_fields(pid)[19]}")
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
             return path
         except (OSError, IndexError):
@@ -1045,30 +1045,9 @@ def _killpg(pgid: int, sig: int) -> bool:
         return False
 
 
-def _session_members(sid: int, stats: "Iterable[tuple[int, list[str]]]") -> list[int]:
-    """The pids, among (pid, /proc/PID/stat fields) pairs, of session sid."""
-    out = []
-    for pid, fields in stats:
-        try:
-            if int(fields[3]) == sid:
-                out.append(pid)
-        except (ValueError, IndexError):
-            pass
-    return out
-
-
-def _proc_stats() -> "Iterator[tuple[int, list[str]]]":
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                yield int(name), peers.stat_fields(int(name))
-            except OSError:
-                pass
-
-
 def _leftovers(sid: int, supervisor: int, owned: Callable[[int], bool],
                stats: "Iterable[tuple[int, list[str]]]", pidfd_open: Callable[[int], int] = os.pidfd_open,
-               fields_of: Callable[[int], list[str]] = peers.stat_fields,
+               fields_of: Callable[[int], list[str]] = procfs.stat_fields,
                descends: Callable[[int, int], bool] = peers.descends_from) -> list[int]:
     """pidfds of the processes still in session sid, a reaped child's. A
     session id (like a pgid) is not reused while a process has it, but the
@@ -1084,7 +1063,7 @@ def _leftovers(sid: int, supervisor: int, owned: Callable[[int], bool],
     except OSError:
         pass
     fds = []
-    for pid in _session_members(sid, stats):
+    for pid in procfs.session_members(sid, stats):
         try:
             fd = pidfd_open(pid)
         except OSError:
@@ -1102,7 +1081,7 @@ def _leftovers(sid: int, supervisor: int, owned: Callable[[int], bool],
 def _signal_leftovers(sid: int, sig: int, supervisor: int, owned: Callable[[int], bool]) -> int:
     """Signal, by pidfd, what _leftovers finds; how many were signalled."""
     count = 0
-    for fd in _leftovers(sid, supervisor, owned, _proc_stats()):
+    for fd in _leftovers(sid, supervisor, owned, procfs.stats()):
         try:
             signal.pidfd_send_signal(fd, sig)  # gone meanwhile: ESRCH; its pid never anyone else's
             count += 1
@@ -1113,53 +1092,21 @@ def _signal_leftovers(sid: int, sig: int, supervisor: int, owned: Callable[[int]
     return count
 
 
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if int(peers.stat_fields(int(name))[1]) == pid:
-                    out.append(int(name))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
 def _kill_session(sid: int, start: str) -> int:
     """KILL every process of session sid, unless pid sid is a newer process."""
     try:
-        if peers.stat_fields(sid)[19] != start:
+        if procfs.stat_fields(sid)[19] != start:
             return 0
     except (OSError, IndexError):
         pass  # the leader is gone; its session id cannot be reused while members live
     killed = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if int(peers.stat_fields(int(name))[3]) == sid:
-                    os.kill(int(name), signal.SIGKILL)
-                    killed += 1
-            except (OSError, ValueError, IndexError):
-                pass
+    for pid in procfs.session_members(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:
+            pass
     return killed
-
-
-def _fd_count() -> int | None:
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return None  # out of fds: listing them takes one
-
-
-def _rss_kib() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return 0
 
 
 def _keep_stdio_open() -> None:

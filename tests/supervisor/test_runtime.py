@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import server
+from supervisor import procfs, server
 from supervisor.client import SupervisorError
 from svhelpers import GRACE, alive, children_of, connect, recv, run, send, sh, spawn_bg, wait_until
 
@@ -64,7 +64,7 @@ def test_leftover_selection():
             os.close(fd)
         return [opened[fd] for fd in fds]
 
-    assert server._session_members(sid, table.items()) == [501, 502, 504]
+    assert procfs.session_members(sid, table.items()) == [501, 502, 504]
     assert pick() == [501, 504]                      # 502 does not descend from us
     assert pick(lambda pid: pid == sid) == []         # the number leads a session or pooled child of ours
     table[sid] = _stat(1, sid)                       # pid 500 alive again: reused, nothing of ours left
