@@ -1,7 +1,7 @@
 """Server manifests: one YAML file a server, validated into a Manifest and its Spec.
 
 The policy lives here, in files the supervisor's owner wrote; a client's
-request can only name a manifest and narrow what it grants (see narrow()).
+request can only name a manifest and narrow what it grants (see policy.py).
 Every error names the file, the key and what was expected.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -394,75 +394,3 @@ def load_all(paths: Iterable[str | os.PathLike[str]], *, only: str | None = None
             raise ManifestError(f"{f}: name: {m.name!r} is already defined by {manifests[m.name].source}")
         manifests[m.name] = m
     return manifests
-
-
-def narrow(manifest: Manifest, request: Any) -> landlock.Spec:
-    """The manifest's Spec narrowed by a client: never wider.
-
-    Each path class given replaces the manifest's list for that class; every
-    path must be a granted path of that class (or a stronger one) or lie
-    beneath one. Ports must be granted ones; rlimits may only go down.
-    """
-    if request is None:
-        return manifest.spec
-    if not isinstance(request, dict):
-        raise landlock.SpecError("narrow: expected an object")
-    spec = manifest.spec
-    allowed = {"read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix",
-               "connect_tcp", "bind_tcp", "connect_udp", "bind_udp", "rlimits"}
-    unknown = sorted(set(request) - allowed)
-    if unknown:
-        raise landlock.SpecError(f"narrow: unknown field(s) {', '.join(unknown)} (may narrow: {', '.join(sorted(allowed))})")
-    changes: dict[str, Any] = {}
-    stronger = {"read_only": ("read_only", "read_write"), "read_only_noexec": PATH_CLASSES[:4],
-                "read_write": ("read_write",), "read_write_noexec": ("read_write", "read_write_noexec"),
-                "connect_unix": ("connect_unix",)}
-    for cls in PATH_CLASSES:
-        if cls not in request:
-            continue
-        items = request[cls]
-        if not isinstance(items, list) or not all(isinstance(p, str) and p.startswith("/") and "\0" not in p
-                                                  for p in items):
-            raise landlock.SpecError(f"narrow.{cls}: expected a list of absolute paths")
-        grants = [_resolved(cls, g) for c in stronger[cls] for g in getattr(spec, c)]
-        out = []
-        for p in items:
-            real = _resolved(cls, p)
-            if not any(real == g or real.startswith(g.rstrip("/") + "/") for g in grants):
-                raise landlock.SpecError(f"narrow.{cls}: {p} is not within what the manifest grants")
-            out.append(real)
-        changes[cls] = out
-    for key in ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp"):
-        if key in request:
-            ports = request[key]
-            if (not isinstance(ports, list) or not all(type(p) is int for p in ports)
-                    or not set(ports) <= set(getattr(spec, key))):
-                raise landlock.SpecError(f"narrow.{key}: only ports the manifest grants ({list(getattr(spec, key))})")
-            changes[key] = ports
-    if "rlimits" in request:
-        if not isinstance(request["rlimits"], dict):
-            raise landlock.SpecError("narrow.rlimits: expected an object")
-        current = {r.name: r for r in spec.rlimits}
-        merged = {r.name: (r.soft, r.hard) for r in spec.rlimits}
-        for r in landlock.spec.parse_rlimits({k: parse_limit(v) for k, v in request["rlimits"].items()}):
-            old = current.get(r.name)
-            if old is not None and (_above(r.soft, old.soft) or _above(r.hard, old.hard)):
-                raise landlock.SpecError(f"narrow.rlimits.{r.name}: may only lower the manifest's limit")
-            merged[r.name] = (r.soft, r.hard)
-        changes["rlimits"] = merged
-    return replace(spec, **changes)
-
-
-def _resolved(cls: str, path: str) -> str:
-    """realpath, whose readlink may fail (EACCES on /proc/1/root, ELOOP...)."""
-    try:
-        return os.path.realpath(path)
-    except (OSError, ValueError) as e:
-        raise landlock.SpecError(f"narrow.{cls}: {path}: cannot be resolved: {getattr(e, 'strerror', None) or e}") \
-            from None
-
-
-def _above(new: int, old: int) -> bool:
-    inf = 2**64 - 1
-    as_num = lambda v: float("inf") if v in (-1, inf) else v  # noqa: E731
-    return as_num(new) > as_num(old)
