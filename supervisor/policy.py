@@ -24,11 +24,10 @@ from landlock.spec import parse_limit
 
 from .errors import Code, Refused
 from .limits import Limits
-from .manifest import PATH_CLASSES, Manifest
+from .manifest import PATH_CLASSES, PORT_KEYS, Manifest
 from .peers import Peer
 
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
-PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
 NARROWABLE = frozenset({*PATH_CLASSES, *PORT_KEYS, "rlimits"})
 # A narrowed path may lie within a grant of its own class or of a stronger one.
 _STRONGER = {"read_only": ("read_only", "read_write"), "read_only_noexec": PATH_CLASSES[:4],

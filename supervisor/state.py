@@ -17,8 +17,6 @@ import os
 import stat
 from collections.abc import Callable
 
-from landlock import privileges
-
 from .manifest import Manifest
 
 CACHES = ("npm-cache", "uv-cache", "uv-tools")
@@ -49,7 +47,7 @@ def prepare(m: Manifest, log: Callable[[str], None]) -> bool:
 
 def owner(m: Manifest) -> tuple[int, int]:
     """(uid, gid) the server runs as, hence owns its writable state with."""
-    creds = privileges.resolve(m.spec.user, m.spec.group)
+    creds = m.credentials
     return (creds.uid, creds.gid) if creds else (os.geteuid(), os.getegid())
 
 
