@@ -6,6 +6,7 @@ went out (or its failure), and its leftovers were killed.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import time
@@ -239,7 +240,7 @@ class Children:
             # the grace period; meanwhile its gid stays taken.
             if self._kill_group(session, signal.SIGTERM):
                 session.leftovers = True
-                self.loop.at(self.limits.grace, lambda s=session: self._kill_leftovers(s))
+                self.loop.at(self.limits.grace, functools.partial(self._kill_leftovers, session))
             if session.errpipe >= 0:
                 continue  # on_errpipe reports it, in order
             if session.spawned:

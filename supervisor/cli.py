@@ -282,6 +282,7 @@ def _client_env(name: str, takes: list[str]) -> dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
     from . import client as clients
+    from .errors import USAGE_CODES
     from . import reap
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
@@ -314,15 +315,14 @@ def _run(args: argparse.Namespace) -> int:
         except clients.SpawnFailed as e:
             return _fail(EXIT_EXEC_FAILED, str(e))
         except clients.SupervisorError as e:
-            refused = e.code.startswith("bad") or e.code in ("args_refused", "env_refused")
-            return _fail(EXIT_USAGE if refused else 1, str(e))
+            return _fail(EXIT_USAGE if e.code in USAGE_CODES else 1, str(e))
         finally:
             relay.started()
         while child.exited is None:
             ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
             if r in ready:
-                for sig in os.read(r, 64):
-                    child.signal(sig, wait=False)
+                for number in os.read(r, 64):
+                    child.signal(number, wait=False)
             relay.handle(ready, writable)
             if child.fileno() in ready:
                 child.poll()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -226,13 +226,13 @@ class Connections:
             self.close(conn)
 
     @staticmethod
-    def reply(sock: socket.socket, message: dict[str, Any], fds: Iterable[int] = ()) -> bool:
+    def reply(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> bool:
         try:
             try:
-                protocol.send(sock, message, list(fds))
+                protocol.send(sock, message, fds)
             except protocol.ProtocolError:
                 # Over 64 KiB: an error quoting a huge request field. Cut.
-                protocol.send(sock, protocol.shortened(message), list(fds))
+                protocol.send(sock, protocol.shortened(message), fds)
             return True
         except OSError:
             return False  # a peer that does not read its replies is dropped by the caller

@@ -46,6 +46,10 @@ class Code(str, Enum):
     INTERNAL = "internal", "a bug in the supervisor; it goes on serving"
 
 
+# The asker's own mistake (a usage error for `landlock-supervisor run`), not the supervisor's state.
+USAGE_CODES = frozenset({Code.BAD_REQUEST, Code.BAD_VERSION, Code.BAD_OP, Code.BAD_FDS, Code.BAD_SIGNAL,
+                         Code.BAD_SPEC, Code.ARGS_REFUSED, Code.ENV_REFUSED})
+
 # Where a child failed before exec, in the order it takes them: the first
 # field of "stage:errno:message" on its error pipe (the zygote's child
 # writes them; docs/protocol.md lists them).

@@ -10,6 +10,7 @@ import array
 import json
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import Code, SupervisorError
@@ -37,11 +38,11 @@ def encode(message: dict[str, Any]) -> bytes:
     return data
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     sock.sendmsg([encode(message)], rights(fds))
 
 
-def rights(fds: list[int]) -> list[tuple[int, int, array.array]]:
+def rights(fds: Sequence[int]) -> list[tuple[int, int, array.array]]:
     """sendmsg()'s ancillary data passing fds (none: no ancillary data)."""
     return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
 

@@ -136,6 +136,7 @@ def _kind(st: os.stat_result) -> str:
 def _area(servers: int, m: Manifest, uid: int, gid: int, log: Callable[[str], None]) -> int:
     """servers/<name>, the supervisor's; an old-layout one (the state dir
     itself) becomes area/state, its caches moved beside it."""
+    assert m.area is not None  # only manifests with an area get here
     me, mode, name = os.geteuid(), area_mode(), m.name
     st = _lstat(name, servers)
     if st is None:
