@@ -41,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from supervisor import protocol  # noqa: E402
+from supervisor import procfs, protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 SCRIPTS = [
@@ -159,34 +159,8 @@ def worker(index: int, path: str, quota: int, seed: int, deadline: float, out: i
 
 # ---- the supervisor side --------------------------------------------------------------------------
 
-def proc_children(pid: int) -> list[tuple[int, str]]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append((int(name), fields[0].decode()))
-    return out
-
-
 def tagged(tag: str) -> list[int]:
-    needle = f"LLSV_SOAK_TAG={tag}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        with open(f"/proc/{name}/stat", "rb") as f2:
-                            if f2.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
-                                out.append(int(name))
-            except OSError:
-                continue
-    return out
+    return procfs.with_environment(f"LLSV_SOAK_TAG={tag}")
 
 
 def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
@@ -318,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         drained = wait_for(lambda: client.stats()["children"] == 0, args.grace + 10)
         after = client.stats()
         fds_after = idle_fds(pid, client) if pid else None
-        zombies = [c for c, st in proc_children(pid) if st == "Z"] if pid else []
+        zombies = [c for c in procfs.children_of(pid) if procfs.state(c) == "Z"] if pid else []
         # A session's stubborn grandchildren get their KILL a grace after it ended.
         if not args.socket:
             wait_for(lambda: not tagged(tag), args.grace + 3)

@@ -281,8 +281,8 @@ def _client_env(name: str, takes: list[str]) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
-    from . import _client_core as core
     from . import client as clients
+    from .errors import USAGE_CODES
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
     # Caught from the start: a signal that comes while the spawn is under way
@@ -314,8 +314,7 @@ def _run(args: argparse.Namespace) -> int:
         except clients.SpawnFailed as e:
             return _fail(EXIT_EXEC_FAILED, str(e))
         except clients.SupervisorError as e:
-            refused = e.code.startswith("bad") or e.code in (core.ARGS_REFUSED, core.ENV_REFUSED)
-            return _fail(EXIT_USAGE if refused else 1, str(e))
+            return _fail(EXIT_USAGE if e.code in USAGE_CODES else 1, str(e))
         finally:
             relay.started()
         while child.exited is None:

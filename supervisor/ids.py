@@ -127,7 +127,7 @@ class Table:
 
     def _free(self, table: dict[str, int], count: int) -> list[int]:
         used = set(table.values())
-        out = []
+        out: list[int] = []
         uid = self.uids[0]
         while len(out) < count:
             if uid > self.uids[1]:

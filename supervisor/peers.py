@@ -7,6 +7,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from .procfs import stat_fields
+
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5
 _UCRED = struct.Struct("3i")
 
@@ -45,16 +47,6 @@ def credentials(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid, pidfd)
 
 
-def stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat from the field after comm (state is [0], ppid [1], sid [3], starttime [19])."""
-    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # 3 syscalls, not open()'s 9
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    return data[data.rindex(b")") + 2:].decode().split()
-
-
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether ancestor is pid or one of its ancestors. As a subreaper, the
     supervisor inherits its orphaned descendants, so the chain holds for them.
@@ -81,14 +73,3 @@ def descends_from(pid: int, ancestor: int) -> bool:
         else:
             return current == ancestor
     return True
-
-
-def groups_of(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except OSError:
-        pass
-    return set()

@@ -13,6 +13,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import Code, SupervisorError
+
 VERSION = 1
 MAX_MESSAGE = 64 * 1024
 MAX_FDS = 3
@@ -22,12 +24,11 @@ MAX_DEPTH = 32  # nesting of a message's JSON
 _CMSG_SPACE = socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
 
 
-class ProtocolError(Exception):
+class ProtocolError(SupervisorError):
     """A message that breaks the protocol; `code` is machine-readable."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
-        super().__init__(message)
-        self.code = code
+    def __init__(self, message: str, code: str = Code.BAD_REQUEST) -> None:
+        super().__init__(message, code)
 
 
 def encode(message: dict[str, Any]) -> bytes:

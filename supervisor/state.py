@@ -17,8 +17,6 @@ import os
 import stat
 from collections.abc import Callable
 
-from landlock import privileges
-
 from .manifest import Manifest
 
 CACHES = ("npm-cache", "uv-cache", "uv-tools")
@@ -49,7 +47,7 @@ def prepare(m: Manifest, log: Callable[[str], None]) -> bool:
 
 def owner(m: Manifest) -> tuple[int, int]:
     """(uid, gid) the server runs as, hence owns its writable state with."""
-    creds = privileges.resolve(m.spec.user, m.spec.group)
+    creds = m.credentials
     return (creds.uid, creds.gid) if creds else (os.geteuid(), os.getegid())
 
 
@@ -138,6 +136,7 @@ def _kind(st: os.stat_result) -> str:
 def _area(servers: int, m: Manifest, uid: int, gid: int, log: Callable[[str], None]) -> int:
     """servers/<name>, the supervisor's; an old-layout one (the state dir
     itself) becomes area/state, its caches moved beside it."""
+    assert m.area is not None  # only manifests with an area get here
     me, mode, name = os.geteuid(), area_mode(), m.name
     st = _lstat(name, servers)
     if st is None:

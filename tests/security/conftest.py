@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from sechelpers import (DEDICATED_UIDS, IDENTITIES, KERNEL_ABI, ROOT, Identity, make_arena,  # noqa: E402
                         reset_writable, svconf)
+from supervisor import procfs  # noqa: E402
 
 # A session keyring of the test run's own, before any supervisor starts: the
 # supervisors (and, without the fix, their children) share it, so a key
@@ -36,14 +37,7 @@ def _uid_unused(uid: int) -> bool:
         return False
     except KeyError:
         pass
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    return False
-            except OSError:
-                pass
-    return True
+    return not procfs.of_uid(uid)
 
 
 # A skip here hides a row of docs/security.md that no test checked: on a

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case
+from supervisor import procfs
 from supervisor.client import SupervisorError
 from svhelpers import alive, wait_until
 
@@ -371,15 +372,7 @@ def _bomb(arena: Arena, ops: list[list[Any]], rlimits: dict[str, Any], timeout: 
 
 
 def _uid_processes(uid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid and alive(int(name)):
-                    out.append(int(name))
-            except OSError:
-                pass
-    return out
+    return [pid for pid in procfs.of_uid(uid) if alive(pid)]
 
 
 @pytest.mark.timeout(30)

@@ -431,7 +431,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
         return pid, r
     monkeypatch.setattr(supervisor.zygote, "spawn", fake_spawn)
     sent = []
-    monkeypatch.setattr(supervisor, "_send", lambda conn, message: sent.append((conn, message["event"])))
+    monkeypatch.setattr(supervisor.connections, "send", lambda conn, message: sent.append((conn, message["event"])))
     socks = []
 
     def spawn_on_new_connection():
@@ -444,16 +444,15 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     try:
         old = spawn_on_new_connection()
         # Reaped (as _reap does for a child whose error pipe is unread)...
-        supervisor.sessions[pid].exited = {"code": 0, "signal": None, "rusage": {}}
+        supervisor.children.sessions[pid].exited = {"code": 0, "signal": None, "rusage": {}}
         # ...and, before its error pipe is read, the same pid again.
         new = spawn_on_new_connection()
-        assert supervisor.sessions[pid] is new.session
+        assert supervisor.children.sessions[pid] is new.session
         assert (old, "spawned") in sent and (old, "exited") in sent
-        supervisor._on_errpipe(new.session)
-        assert supervisor.sessions[pid] is new.session and (new, "spawned") in sent
+        supervisor.children.on_errpipe(new.session)
+        assert supervisor.children.sessions[pid] is new.session and (new, "spawned") in sent
         assert supervisor.stats["spawned"] == 2 and supervisor.stats["exited"] == 1
     finally:
         for s in socks:
             s.close()
-        for c in supervisor.confinements.values():
-            c.close()
+        supervisor.confinements.clear()

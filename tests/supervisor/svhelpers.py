@@ -12,7 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor import procfs
 from supervisor.client import Child, Client
+from supervisor.procfs import alive, children_of, stat_fields, state
+
+__all__ = ["alive", "children_of", "stat_fields", "state"]  # the tests import them from here
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -29,49 +33,14 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         time.sleep(interval)
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after comm: state [0], ppid [1], pgrp [2], session [3]."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2:].decode().split()
-
-
-def state(pid: int) -> str | None:
-    fields = stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie."""
-    return state(pid) not in (None, "Z", "X")
-
-
-def pids() -> list[int]:
-    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for p in pids():
-        fields = stat_fields(p)
-        if fields and int(fields[1]) == pid:
-            out.append(p)
-    return out
-
-
 def zombies_of(pid: int) -> list[int]:
     return [p for p in children_of(pid) if state(p) == "Z"]
 
 
 def descendants(pid: int) -> list[int]:
     parents: dict[int, list[int]] = {}
-    for p in pids():
-        fields = stat_fields(p)
-        if fields:
-            parents.setdefault(int(fields[1]), []).append(p)
+    for p, fields in procfs.stats():
+        parents.setdefault(int(fields[1]), []).append(p)
     out, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -82,17 +51,7 @@ def descendants(pid: int) -> list[int]:
 
 def processes_with_tag(tag: str) -> list[int]:
     """Live processes whose environment holds LLS_TEST_TAG=tag."""
-    needle = f"LLS_TEST_TAG={tag}".encode()
-    out = []
-    for p in pids():
-        try:
-            with open(f"/proc/{p}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and alive(p):
-            out.append(p)
-    return out
+    return procfs.with_environment(f"LLS_TEST_TAG={tag}")
 
 
 def proc_status(text: str) -> dict[str, str]:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import server
+from supervisor import procfs, server, survivors
+from supervisor.errors import Refused
 from supervisor.client import SupervisorError
 from svhelpers import GRACE, alive, children_of, connect, recv, run, send, sh, spawn_bg, wait_until
 
@@ -58,13 +59,13 @@ def test_leftover_selection():
 
     def pick(owned=lambda pid: False) -> list[int]:
         opened.clear()
-        fds = server._leftovers(sid, sup, owned, list(table.items()), pidfd_open,
-                                lambda pid: fields_of(pid), descends)
+        fds = survivors.leftovers(sid, sup, owned, list(table.items()), pidfd_open,
+                                   lambda pid: fields_of(pid), descends)
         for fd in fds:
             os.close(fd)
         return [opened[fd] for fd in fds]
 
-    assert server._session_members(sid, table.items()) == [501, 502, 504]
+    assert procfs.session_members(sid, table.items()) == [501, 502, 504]
     assert pick() == [501, 504]                      # 502 does not descend from us
     assert pick(lambda pid: pid == sid) == []         # the number leads a session or pooled child of ours
     table[sid] = _stat(1, sid)                       # pid 500 alive again: reused, nothing of ours left
@@ -364,20 +365,19 @@ def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
         raise spawn.NoErrorPipe(24, "the supervisor is out of file descriptors")
     monkeypatch.setattr(sv.zygote, "spawn", fake_spawn)
     sent = []
-    monkeypatch.setattr(sv, "_send", lambda conn, message: sent.append(message))
+    monkeypatch.setattr(sv.connections, "send", lambda conn, message: sent.append(message))
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn = server.Connection(a, peers.Peer(os.getpid(), 0, 0))
         fds = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
-        with pytest.raises(server.protocol.ProtocolError) as e:
+        with pytest.raises(Refused) as e:
             sv._spawn(conn, {"v": 1, "op": "spawn", "manifest": "true"}, fds)
         assert e.value.code == "spawn_failed" and "killed" in str(e.value)
-        assert not sv.sessions and not sv.gids.used and fds == []
+        assert not sv.children.sessions and not sv.gids.used and fds == []
     finally:
         a.close()
         b.close()
-        for c in sv.confinements.values():
-            c.close()
+        sv.confinements.clear()
 
 
 _HOLD = """

@@ -1,0 +1,308 @@
+"""Running children: started through the zygote, error pipe -> spawned/failed, SIGCHLD -> exited, TERM->KILL, session gids given back.
+
+Each child is a Session, keyed by pid, from its fork until its `exited`
+went out (or its failure), and its leftovers were killed.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import procfs, protocol, reap, spawn, survivors
+from .connections import Connection, Connections
+from .errors import Code, Refused
+from .limits import Limits
+from .log import log
+from .loop import Loop, Periodic, Timer
+from .manifest import Manifest
+
+Retry = tuple[spawn.Launch, list[int]]
+
+
+@dataclass
+class Session:
+    pid: int
+    manifest: Manifest
+    conn: Connection | None
+    report: dict[str, Any]
+    uid: int
+    errpipe: int = -1               # open until exec (EOF) or a failure report
+    spawned: bool = False           # the `spawned` reply went out
+    exited: dict[str, Any] | None = None
+    kill_reason: str | None = None
+    record: str | None = None       # the file in sessions/ that outlives a crash
+    kill_timer: Timer | None = None
+    gid: int | None = None          # its session gid (Config.session_gids)
+    leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
+    retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
+                                    # execs: a fresh child's if it was tampered with
+
+
+class Children:
+    def __init__(self, loop: Loop, zygote: spawn.Zygote, gids: spawn.Gids | None, connections: Connections,
+                 limits: Limits, stats: dict[str, int], records: survivors.Records, tick: Periodic) -> None:
+        self.loop, self.zygote, self.gids, self.connections = loop, zygote, gids, connections
+        self.limits, self.stats, self.records, self.tick = limits, stats, records, tick
+        self.pid = os.getpid()
+        self.sessions: dict[int, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def count_of(self, uid: int) -> int:
+        return sum(s.uid == uid for s in self.sessions.values())
+
+    # ---- starting ---------------------------------------------------------
+
+    def start(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+        """A child for launch: a pooled one if ready, else a fresh fork. Closes stdio, or keeps it
+        with the session until a pooled child's exec."""
+        conn.deadline = None
+        try:
+            pooled = self.zygote.take(launch, stdio) if launch.pool else None
+        except OSError as e:
+            protocol.close_all(stdio)
+            self.connections.deadline(conn, self.limits.linger)
+            raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
+        while self.zygote.tampered:
+            log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
+                "waited: discarded, a fresh child serves the request")
+        if pooled is None:
+            self._fresh(conn, m, launch, stdio)
+            return
+        pid, errpipe, gid = pooled
+        retry = None
+        if gid is None:
+            # Others of its uid and gid could prlimit it while it waited: it
+            # compares its limits at hand-over, and a fresh child serves the
+            # request if they changed. The client's fds stay here until then.
+            retry = (launch, stdio)
+        else:
+            protocol.close_all(stdio)
+        self._track(conn, m, launch, pid, errpipe, gid, retry)
+
+    def _fresh(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+        """A fresh child for the request: the zygote forks it. Closes stdio."""
+        try:
+            try:
+                gid = self.gids.take() if self.gids is not None and launch.session_gid else None
+            except OSError as e:
+                raise Refused(Code.TOO_MANY_CHILDREN, str(e)) from None
+            try:
+                pid, errpipe = self.zygote.spawn(launch, stdio, gid)
+            except spawn.NoErrorPipe as e:
+                self.release_gid(gid)
+                raise Refused(Code.SPAWN_FAILED, f"{m.name}: {e.strerror}; the child was killed") from None
+            except OSError as e:
+                self.release_gid(gid)
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise Refused(Code.SPAWN_FAILED, f"{m.name}: out of file descriptors: {e.strerror}") from None
+                raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
+        except Refused:
+            self.connections.deadline(conn, self.limits.linger)
+            raise
+        finally:
+            protocol.close_all(stdio)
+        self._track(conn, m, launch, pid, errpipe, gid, None)
+
+    def _track(self, conn: Connection, m: Manifest, launch: spawn.Launch, pid: int, errpipe: int,
+               gid: int | None, retry: Retry | None) -> None:
+        previous = self.sessions.get(pid)
+        if previous is not None:
+            # pids wrap: the last child with this pid was reaped in this same
+            # select batch, its error pipe not read yet. Settle it first, or
+            # it would take the new child's session with it when forgotten.
+            self.on_errpipe(previous)
+            self.sessions.pop(pid, None)
+        session = Session(pid, m, conn, {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe,
+                          gid=gid, retry=retry)
+        # Now, while the child execs on the other CPU; a failed one is forgotten with its record.
+        session.record = self.records.add(pid)
+        conn.session = session
+        self.sessions[pid] = session
+        self.loop.watch(errpipe, lambda: self.on_errpipe(session))
+        self.tick.start()  # the sweep also watches our own limits while children run
+
+    def on_errpipe(self, session: Session) -> None:
+        """EOF: it exec'd; data: where it failed."""
+        try:
+            data = os.read(session.errpipe, 4096)
+        except BlockingIOError:
+            return
+        self.loop.unwatch(session.errpipe)
+        os.close(session.errpipe)
+        session.errpipe = -1
+        retry, session.retry = session.retry, None
+        if data and retry is not None and spawn.read_error(data).stage == "tampered":
+            self._replace_tampered(session, *retry)
+            return
+        if retry is not None:
+            protocol.close_all(retry[1])
+        if data:
+            error = spawn.read_error(data)
+            self.stats["failed"] += 1
+            self.connections.send(session.conn, {"event": "error", "code": Code.SPAWN_FAILED, "stage": error.stage,
+                                                 "errno": error.errno, "error": f"{session.manifest.name}: {error}",
+                                                 "op": "spawn"})
+            session.kill_reason = "spawn_failed"
+            if session.conn is not None:
+                self.connections.deadline(session.conn, self.limits.linger)
+            if session.exited is not None:
+                self._forget(session)
+            return
+        self.stats["spawned"] += 1
+        session.spawned = True
+        self.connections.send(session.conn, {"event": "spawned", "pid": session.pid, "pgid": session.pid,
+                                             "manifest": session.manifest.name, "report": session.report})
+        if session.exited is not None:
+            self._announce_exit(session)
+        elif session.kill_reason in ("client_gone", "shutdown"):
+            self.terminate(session, session.kill_reason)
+
+    def _replace_tampered(self, session: Session, launch: spawn.Launch, stdio: list[int]) -> None:
+        """A pooled child whose limits were changed while it waited (it
+        said so and exits): the request goes to a fresh child, the client
+        none the wiser."""
+        log(f"{session.manifest.name}: pooled child {session.pid} had its resource limits changed while it "
+            "waited: discarded, a fresh child serves the request")
+        if session.exited is None:
+            self.zygote.retired.add(session.pid)  # reaped as ours, not as an orphan
+        self._forget(session)
+        conn = session.conn
+        if conn is None or conn.session is not session:
+            protocol.close_all(stdio)  # the client went meanwhile
+            return
+        conn.session = None
+        try:
+            self._fresh(conn, session.manifest, launch, stdio)
+        except Refused as e:
+            self.stats["refused"] += 1
+            self.connections.send(conn, {"event": "error", "code": e.code, "error": str(e), "op": "spawn"})
+
+    # ---- ending -----------------------------------------------------------
+
+    def client_gone(self, conn: Connection) -> None:
+        session = conn.session
+        if session is not None:
+            session.conn = None
+            if session.manifest.on_disconnect == "kill" and session.exited is None:
+                self.terminate(session, "client_gone")
+
+    def terminate_all(self, reason: str) -> None:
+        for session in list(self.sessions.values()):
+            self.terminate(session, reason)
+
+    def terminate(self, session: Session, reason: str) -> None:
+        """TERM the child's process group, KILL it after the grace period."""
+        if session.exited is not None:
+            return
+        session.kill_reason = session.kill_reason if session.kill_reason == "spawn_failed" else reason
+        if session.errpipe >= 0:
+            return  # not exec'd yet: on_errpipe terminates it once it is
+        survivors.killpg(session.pid, signal.SIGTERM)  # its leader is not reaped: the group is still its own
+        if session.kill_timer is None:
+            session.kill_timer = self.loop.at(self.limits.grace, lambda: self._kill_group(session, signal.SIGKILL))
+
+    def _kill_group(self, session: Session, sig: int) -> bool:
+        """Signal what is left of session's process group; whether any was.
+        Its leader unreaped, the pgid is still its own; once reaped, the
+        number may be another process's: the session's members are found
+        in /proc, each pinned with a pidfd and checked again (survivors.leftovers)."""
+        if session.exited is None:
+            return survivors.killpg(session.pid, sig)
+        if not survivors.killpg(session.pid, 0) and not session.leftovers:
+            return False  # nobody in the group: the common case costs one system call
+        return bool(survivors.signal_leftovers(session.pid, sig, self.pid, self._owned_elsewhere(session)))
+
+    def _owned_elsewhere(self, session: Session) -> Callable[[int], bool]:
+        """Whether a pid now leads something else of ours: another session, a
+        pooled child, the zygote (helpers live in its session)."""
+        def owned(pid: int) -> bool:
+            other = self.sessions.get(pid)
+            return (other is not None and other is not session) or self.zygote.owns(pid)
+        return owned
+
+    def reap(self, stopping: bool) -> None:
+        """SIGCHLD: every child that ended, ours or an orphan's."""
+        for pid, status, rusage in reap.reap_all():
+            session = self.sessions.get(pid)
+            if session is None:
+                self._reaped_other(pid, status, stopping)
+                continue
+            session.exited = reap.describe(status, rusage)
+            # What is left of its session goes with it: TERM now, KILL after
+            # the grace period; meanwhile its gid stays taken.
+            if self._kill_group(session, signal.SIGTERM):
+                session.leftovers = True
+                self.loop.at(self.limits.grace, functools.partial(self._kill_leftovers, session))
+            if session.errpipe >= 0:
+                continue  # on_errpipe reports it, in order
+            if session.spawned:
+                self._announce_exit(session)
+            else:
+                self._forget(session)
+
+    def _kill_leftovers(self, session: Session) -> None:
+        self._kill_group(session, signal.SIGKILL)
+        session.leftovers = False
+        if self.sessions.get(session.pid) is not session:  # forgotten meanwhile: the gid was kept for this
+            self.release_gid(session.gid)
+            session.gid = None
+
+    def _reaped_other(self, pid: int, status: int, stopping: bool) -> None:
+        if self.zygote.ended(pid):
+            if not stopping:
+                log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
+                    "another starts at the next spawn")
+        elif not self.zygote.reaped(pid):
+            self.stats["reaped_orphans"] += 1
+
+    def _announce_exit(self, session: Session) -> None:
+        exited = session.exited
+        assert exited is not None
+        reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
+        self.stats["exited"] += 1
+        self.connections.send(session.conn, {"event": "exited", "pid": session.pid, "reason": reason, **exited})
+        if session.conn is not None and session.conn.session is session:
+            self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
+        self._forget(session)
+
+    def _forget(self, session: Session) -> None:
+        if session.kill_timer is not None:
+            session.kill_timer.cancel()
+        if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
+            del self.sessions[session.pid]
+        if session.retry is not None:
+            protocol.close_all(session.retry[1])
+            session.retry = None
+        if not session.leftovers:  # else at their KILL
+            self.release_gid(session.gid)
+            session.gid = None
+        self.records.remove(session.record)
+
+    def release_gid(self, gid: int | None) -> None:
+        if self.gids is not None:
+            self.gids.release(gid)
+
+    def end_descendants(self) -> None:
+        """At the end: reparented descendants that outlived their session's
+        leader; killing one orphans its own children to us in turn."""
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            left = procfs.children_of(self.pid)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for _ in reap.reap_all():
+                pass
+            time.sleep(0.01)

@@ -1,0 +1,45 @@
+"""Spec -> prepared landlock.Confinement, built once, reused while its paths are the same inodes, the cache bounded."""
+from __future__ import annotations
+
+import landlock
+
+from .errors import Code, Refused
+
+MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded
+
+
+class Confinements:
+    def __init__(self) -> None:
+        self._cache: dict[landlock.Spec, landlock.Confinement] = {}
+
+    def get(self, spec: landlock.Spec) -> landlock.Confinement:
+        """Raises Refused: the kernel cannot enforce it, a path it cannot use,
+        or out of fds or memory while building the ruleset."""
+        try:
+            return self._get(spec)
+        except landlock.LandlockUnavailable as e:
+            raise Refused(Code.CONFINEMENT_UNAVAILABLE, str(e)) from None
+        except landlock.SpecError as e:
+            raise Refused(Code.BAD_SPEC, str(e)) from None
+        except OSError as e:
+            raise Refused(Code.SPAWN_FAILED, f"cannot prepare the sandbox: {e.strerror or e}") from None
+
+    def _get(self, spec: landlock.Spec) -> landlock.Confinement:
+        confinement = self._cache.get(spec)
+        if confinement is not None and confinement.ruleset.is_current():
+            return confinement
+        if confinement is not None:
+            confinement.close()
+            del self._cache[spec]
+        if len(self._cache) >= MAX_CACHED:
+            oldest = next(iter(self._cache))
+            self._cache.pop(oldest).close()
+        confinement = landlock.prepare(spec)
+        self._cache[spec] = confinement
+        return confinement
+
+    def clear(self) -> None:
+        """Close every one (a reload: the manifests' paths may have changed)."""
+        for confinement in self._cache.values():
+            confinement.close()
+        self._cache.clear()

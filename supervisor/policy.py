@@ -1,0 +1,186 @@
+"""What a client may ask of a manifest: a spawn request -> a SpawnPlan, or Refused(code); pure, table-tested.
+
+The checks run in the order a refusal's code depends on:
+
+    admit()       unknown fields, the manifest's name, stopping
+    (the caller)  3 fds, each usable as stdio: fstat and isatty are system calls (server.check_stdio)
+    plan_spawn()  child limits, args, env, narrowing (paths, ports, rlimits), then the plan:
+                  argv, environment, the pool (by Spec equality), a session gid or not
+
+Nothing here makes a system call but through `resolve` (realpath, passed
+in: which paths get resolved, and where a failure to resolve one is
+reported, depend on the checks around it, so the caller cannot resolve
+them first without repeating those checks).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import landlock
+from landlock.spec import parse_limit
+
+from .errors import Code, Refused
+from .limits import Limits
+from .manifest import PATH_CLASSES, PORT_KEYS, Manifest
+from .peers import Peer
+
+SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
+NARROWABLE = frozenset({*PATH_CLASSES, *PORT_KEYS, "rlimits"})
+# A narrowed path may lie within a grant of its own class or of a stronger one.
+_STRONGER = {"read_only": ("read_only", "read_write"), "read_only_noexec": PATH_CLASSES[:4],
+             "read_write": ("read_write",), "read_write_noexec": ("read_write", "read_write_noexec"),
+             "connect_unix": ("connect_unix",)}
+Resolve = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The children running now: in total, and for the asking peer's uid."""
+    children: int
+    of_peer: int
+
+
+@dataclass(frozen=True)
+class SpawnPlan:
+    """Everything a launch needs but the prepared confinement of `spec`."""
+    manifest: Manifest
+    program: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    umask: int
+    spec: landlock.Spec
+    pool: tuple[str, int] | None   # (manifest, size): its pool may serve the request
+    session_gid: bool              # the child gets a session gid of its own (if the supervisor hands them out)
+
+
+def admit(request: Mapping[str, Any], manifests: Mapping[str, Manifest], stopping: bool) -> Manifest:
+    """The manifest a spawn request names, before its fds are looked at."""
+    unknown = sorted(set(request) - SPAWN_FIELDS)
+    if unknown:  # a misspelt "narrow" must not go unnoticed: the child would get more
+        raise Refused(Code.BAD_REQUEST, f"spawn: unknown field(s) {', '.join(unknown)[:200]}")
+    name = request.get("manifest")
+    if not isinstance(name, str) or name not in manifests:
+        raise Refused(Code.NO_SUCH_MANIFEST, f"no such manifest {name!r}")
+    if stopping:
+        raise Refused(Code.SHUTTING_DOWN, "the supervisor is shutting down")
+    return manifests[name]
+
+
+def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,
+               supervisor_env: Mapping[str, str], resolve: Resolve = os.path.realpath) -> SpawnPlan:
+    """The plan for an admitted request whose stdio was checked; raises Refused."""
+    if counts.children >= limits.children:
+        raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {counts.children} children, its limit")
+    if counts.of_peer >= limits.children_per_uid:
+        raise Refused(Code.TOO_MANY_CHILDREN, f"uid {peer.uid} has {limits.children_per_uid} children, its limit")
+    args = _args(m, request.get("args", []), limits)
+    client_env = _client_env(m, request.get("env"))
+    try:
+        spec = narrow(m.spec, request.get("narrow"), resolve)
+    except landlock.SpecError as e:
+        raise Refused(Code.BAD_SPEC, str(e)) from None
+    return SpawnPlan(m, m.command, [m.command, *m.args, *args], m.environment(supervisor_env, client_env),
+                     m.cwd, m.umask, spec,
+                     # A pool serves the manifest's own spec (or a narrowing equal to it).
+                     pool=(m.name, m.pool) if m.pool and spec == m.spec else None,
+                     # A manifest that names its group keeps it.
+                     session_gid=m.spec.group is None)
+
+
+def _args(m: Manifest, args: Any, limits: Limits) -> list[str]:
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise Refused(Code.BAD_REQUEST, "args: expected a list of strings")
+    if args and not m.client_args:
+        raise Refused(Code.ARGS_REFUSED, f"manifest {m.name!r} does not let clients add arguments")
+    if len(args) > limits.max_args or sum(map(len, args)) > limits.max_arg_bytes:
+        raise Refused(Code.TOO_LARGE, "args: too many or too long")
+    return args
+
+
+def _client_env(m: Manifest, client_env: Any) -> dict[str, str]:
+    client_env = {} if client_env is None else client_env  # [] or false is a wrong type, not "none"
+    if not isinstance(client_env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in v for k, v in client_env.items()):
+        raise Refused(Code.BAD_REQUEST, "env: expected an object of strings")
+    refused = sorted(set(client_env) - m.client_env)
+    if refused:
+        raise Refused(Code.ENV_REFUSED, f"env: manifest {m.name!r} does not take {', '.join(refused)} from "
+                      f"clients (it takes: {', '.join(sorted(m.client_env)) or 'nothing'})")
+    return client_env
+
+
+def narrow(spec: landlock.Spec, request: Any, resolve: Resolve = os.path.realpath) -> landlock.Spec:
+    """spec narrowed by a client: never wider; raises landlock.SpecError.
+
+    Each path class given replaces the manifest's list for that class; every
+    path must be a granted path of that class (or a stronger one) or lie
+    beneath one. Ports must be granted ones; rlimits may only go down.
+    """
+    if request is None:
+        return spec
+    if not isinstance(request, dict):
+        raise landlock.SpecError("narrow: expected an object")
+    unknown = sorted(set(request) - NARROWABLE)
+    if unknown:
+        raise landlock.SpecError(f"narrow: unknown field(s) {', '.join(unknown)} "
+                                 f"(may narrow: {', '.join(sorted(NARROWABLE))})")
+    changes: dict[str, Any] = {}
+    for cls in PATH_CLASSES:
+        if cls in request:
+            changes[cls] = _paths(spec, cls, request[cls], resolve)
+    for key in PORT_KEYS:
+        if key in request:
+            ports = request[key]
+            if (not isinstance(ports, list) or not all(type(p) is int for p in ports)
+                    or not set(ports) <= set(getattr(spec, key))):
+                raise landlock.SpecError(f"narrow.{key}: only ports the manifest grants ({list(getattr(spec, key))})")
+            changes[key] = ports
+    if "rlimits" in request:
+        changes["rlimits"] = _rlimits(spec, request["rlimits"])
+    return replace(spec, **changes)
+
+
+def _paths(spec: landlock.Spec, cls: str, items: Any, resolve: Resolve) -> list[str]:
+    if not isinstance(items, list) or not all(isinstance(p, str) and p.startswith("/") and "\0" not in p
+                                              for p in items):
+        raise landlock.SpecError(f"narrow.{cls}: expected a list of absolute paths")
+    grants = [_resolved(resolve, cls, g) for c in _STRONGER[cls] for g in getattr(spec, c)]
+    out = []
+    for p in items:
+        real = _resolved(resolve, cls, p)
+        if not any(real == g or real.startswith(g.rstrip("/") + "/") for g in grants):
+            raise landlock.SpecError(f"narrow.{cls}: {p} is not within what the manifest grants")
+        out.append(real)
+    return out
+
+
+def _rlimits(spec: landlock.Spec, request: Any) -> dict[str, tuple[int, int]]:
+    if not isinstance(request, dict):
+        raise landlock.SpecError("narrow.rlimits: expected an object")
+    current = {r.name: r for r in spec.rlimits}
+    merged = {r.name: (r.soft, r.hard) for r in spec.rlimits}
+    for r in landlock.spec.parse_rlimits({k: parse_limit(v) for k, v in request.items()}):
+        old = current.get(r.name)
+        if old is not None and (_above(r.soft, old.soft) or _above(r.hard, old.hard)):
+            raise landlock.SpecError(f"narrow.rlimits.{r.name}: may only lower the manifest's limit")
+        merged[r.name] = (r.soft, r.hard)
+    return merged
+
+
+def _resolved(resolve: Resolve, cls: str, path: str) -> str:
+    """resolve(path), whose readlink may fail (EACCES on /proc/1/root, ELOOP...)."""
+    try:
+        return resolve(path)
+    except (OSError, ValueError) as e:
+        raise landlock.SpecError(f"narrow.{cls}: {path}: cannot be resolved: {getattr(e, 'strerror', None) or e}") \
+            from None
+
+
+def _above(new: int, old: int) -> bool:
+    inf = 2**64 - 1
+    as_num = lambda v: float("inf") if v in (-1, inf) else v  # noqa: E731
+    return as_num(new) > as_num(old)

@@ -1,0 +1,169 @@
+"""Spawn policy as a table: (manifest, request, peer, counts, limits) -> plan or refusal code.
+
+No process, no supervisor, no filesystem: paths are resolved through a
+table of links (RESOLVE) instead of realpath.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import landlock
+from supervisor import policy
+from supervisor.errors import Code, Refused
+from supervisor.limits import Limits
+from supervisor.manifest import Manifest
+from supervisor.peers import Peer
+
+SPEC = landlock.Spec(read_only=["/usr"], read_only_noexec=["/etc"], read_write=["/srv/data"],
+                     read_write_noexec=["/var/cache/app"], connect_unix=["/run/app.sock"],
+                     connect_tcp=[80, 443], bind_udp=[5353], rlimits={"NOFILE": (256, 1024), "CPU": 60})
+MANIFEST = Manifest(name="app", source="/etc/m/app.yaml", command="/usr/bin/app", args=("--stdio",), cwd="/srv/data",
+                    env=(("MODE", "prod"),), inherit_env=("PATH", "MODE"), client_env=frozenset({"TOKEN"}),
+                    client_args=True, umask=0o77, on_disconnect="kill", state_dir=None, spec=SPEC, pool=2)
+PEER = Peer(pid=4242, uid=1000, gid=1000)
+LIMITS = Limits(children=10, children_per_uid=3, max_args=4, max_arg_bytes=64)
+SUPERVISOR_ENV = {"PATH": "/usr/bin:/bin", "MODE": "dev", "HOME": "/root", "SECRET": "no"}
+# Links as realpath would follow them; a path in RAISES cannot be resolved.
+LINKS = {"/srv/data/link-out": "/etc/shadow", "/home/u/proj": "/srv/data/proj"}
+RAISES = {"/srv/data/loop": OSError(40, "Too many levels of symbolic links")}
+
+
+def resolve(path: str) -> str:
+    if path in RAISES:
+        raise RAISES[path]
+    return LINKS.get(path, path)
+
+
+def req(**fields: Any) -> dict[str, Any]:
+    return {"v": 1, "op": "spawn", "manifest": "app", **fields}
+
+
+NO_POOL = replace(MANIFEST, pool=0)
+NO_CLIENT_ARGS = replace(MANIFEST, client_args=False)
+OWN_GROUP = replace(MANIFEST, spec=replace(SPEC, group="app"))
+
+# (id, manifest, request, counts (total, of the peer's uid), stopping, expected: a Code, or a dict of
+# plan fields to compare)
+TABLE: list[tuple[str, Manifest, dict[str, Any], tuple[int, int], bool, Any]] = [
+    # admit: unknown fields, the name, stopping, in that order
+    ("plain", MANIFEST, req(), (0, 0), False,
+     {"argv": ["/usr/bin/app", "--stdio"], "pool": ("app", 2), "session_gid": True, "cwd": "/srv/data"}),
+    ("unknown field", MANIFEST, req(narow={}), (0, 0), False, Code.BAD_REQUEST),
+    ("unknown field first", MANIFEST, req(narow={}, manifest="nope"), (0, 0), True, Code.BAD_REQUEST),
+    ("no such manifest", MANIFEST, req(manifest="nope"), (0, 0), False, Code.NO_SUCH_MANIFEST),
+    ("manifest not a string", MANIFEST, req(manifest=["app"]), (0, 0), False, Code.NO_SUCH_MANIFEST),
+    ("manifest missing", MANIFEST, {"v": 1, "op": "spawn"}, (0, 0), False, Code.NO_SUCH_MANIFEST),
+    ("stopping", MANIFEST, req(), (0, 0), True, Code.SHUTTING_DOWN),
+    # limits
+    ("total children", MANIFEST, req(), (10, 0), False, Code.TOO_MANY_CHILDREN),
+    ("children of the uid", MANIFEST, req(), (5, 3), False, Code.TOO_MANY_CHILDREN),
+    ("limits before args", MANIFEST, req(args=7), (10, 0), False, Code.TOO_MANY_CHILDREN),
+    ("under the limits", MANIFEST, req(), (9, 2), False, {"pool": ("app", 2)}),
+    # args
+    ("client args", MANIFEST, req(args=["-v", "x"]), (0, 0), False, {"argv": ["/usr/bin/app", "--stdio", "-v", "x"]}),
+    ("args not a list", MANIFEST, req(args="-v"), (0, 0), False, Code.BAD_REQUEST),
+    ("args not strings", MANIFEST, req(args=[1]), (0, 0), False, Code.BAD_REQUEST),
+    ("args with NUL", MANIFEST, req(args=["a\0b"]), (0, 0), False, Code.BAD_REQUEST),
+    ("args refused", NO_CLIENT_ARGS, req(args=["-v"]), (0, 0), False, Code.ARGS_REFUSED),
+    ("no args, not refused", NO_CLIENT_ARGS, req(args=[]), (0, 0), False, {"argv": ["/usr/bin/app", "--stdio"]}),
+    ("too many args", MANIFEST, req(args=["a"] * 5), (0, 0), False, Code.TOO_LARGE),
+    ("args too long", MANIFEST, req(args=["a" * 65]), (0, 0), False, Code.TOO_LARGE),
+    ("wrong args before env", MANIFEST, req(args=[1], env=[]), (0, 0), False, Code.BAD_REQUEST),
+    # env
+    ("env", MANIFEST, req(env={"TOKEN": "t"}), (0, 0), False,
+     {"env": {"PATH": "/usr/bin:/bin", "MODE": "prod", "TOKEN": "t"}}),
+    ("env null", MANIFEST, req(env=None), (0, 0), False, {"env": {"PATH": "/usr/bin:/bin", "MODE": "prod"}}),
+    ("env a list", MANIFEST, req(env=[]), (0, 0), False, Code.BAD_REQUEST),
+    ("env false", MANIFEST, req(env=False), (0, 0), False, Code.BAD_REQUEST),
+    ("env not strings", MANIFEST, req(env={"TOKEN": 1}), (0, 0), False, Code.BAD_REQUEST),
+    ("env with NUL", MANIFEST, req(env={"TOKEN": "a\0"}), (0, 0), False, Code.BAD_REQUEST),
+    ("env refused", MANIFEST, req(env={"SECRET": "x"}), (0, 0), False, Code.ENV_REFUSED),
+    ("env before narrow", MANIFEST, req(env={"SECRET": "x"}, narrow=1), (0, 0), False, Code.ENV_REFUSED),
+    # narrowing: shape
+    ("narrow not an object", MANIFEST, req(narrow=[]), (0, 0), False, Code.BAD_SPEC),
+    ("narrow unknown field", MANIFEST, req(narrow={"read_only": [], "user": "root"}), (0, 0), False, Code.BAD_SPEC),
+    ("narrow relative path", MANIFEST, req(narrow={"read_only": ["usr"]}), (0, 0), False, Code.BAD_SPEC),
+    ("narrow paths not a list", MANIFEST, req(narrow={"read_only": "/usr"}), (0, 0), False, Code.BAD_SPEC),
+    # narrowing: paths
+    ("narrow beneath a grant", MANIFEST, req(narrow={"read_only": ["/usr/lib"]}), (0, 0), False,
+     {"read_only": ("/usr/lib",), "pool": None}),
+    ("narrow to nothing", MANIFEST, req(narrow={"read_write": []}), (0, 0), False, {"read_write": (), "pool": None}),
+    ("narrow outside", MANIFEST, req(narrow={"read_only": ["/home"]}), (0, 0), False, Code.BAD_SPEC),
+    ("narrow a prefix is no parent", MANIFEST, req(narrow={"read_only": ["/usrx"]}), (0, 0), False, Code.BAD_SPEC),
+    ("read_only within read_write", MANIFEST, req(narrow={"read_only": ["/srv/data/x"]}), (0, 0), False,
+     {"read_only": ("/srv/data/x",)}),
+    ("read_only_noexec within any", MANIFEST, req(narrow={"read_only_noexec": ["/var/cache/app/a", "/usr/x"]}),
+     (0, 0), False, {"read_only_noexec": ("/var/cache/app/a", "/usr/x")}),
+    ("read_write within read_only", MANIFEST, req(narrow={"read_write": ["/usr/lib"]}), (0, 0), False, Code.BAD_SPEC),
+    ("read_write_noexec within rw", MANIFEST, req(narrow={"read_write_noexec": ["/srv/data/tmp"]}), (0, 0), False,
+     {"read_write_noexec": ("/srv/data/tmp",)}),
+    ("connect_unix beneath", MANIFEST, req(narrow={"connect_unix": ["/run/other.sock"]}), (0, 0), False, Code.BAD_SPEC),
+    ("a link out is refused", MANIFEST, req(narrow={"read_write": ["/srv/data/link-out"]}), (0, 0), False,
+     Code.BAD_SPEC),
+    ("a link in is resolved", MANIFEST, req(narrow={"read_write": ["/home/u/proj"]}), (0, 0), False,
+     {"read_write": ("/srv/data/proj",)}),
+    ("unresolvable", MANIFEST, req(narrow={"read_write": ["/srv/data/loop"]}), (0, 0), False, Code.BAD_SPEC),
+    # narrowing: ports and rlimits
+    ("ports subset", MANIFEST, req(narrow={"connect_tcp": [443]}), (0, 0), False, {"connect_tcp": (443,)}),
+    ("ports not granted", MANIFEST, req(narrow={"connect_tcp": [22]}), (0, 0), False, Code.BAD_SPEC),
+    ("ports of another kind", MANIFEST, req(narrow={"bind_tcp": [5353]}), (0, 0), False, Code.BAD_SPEC),
+    ("a port true", MANIFEST, req(narrow={"connect_tcp": [True]}), (0, 0), False, Code.BAD_SPEC),
+    ("rlimits lower", MANIFEST, req(narrow={"rlimits": {"NOFILE": 128}}), (0, 0), False,
+     {"rlimits": {"NOFILE": (128, 128), "CPU": (60, 60)}}),
+    ("rlimits higher", MANIFEST, req(narrow={"rlimits": {"NOFILE": 4096}}), (0, 0), False, Code.BAD_SPEC),
+    ("rlimits unlimited", MANIFEST, req(narrow={"rlimits": {"CPU": "unlimited"}}), (0, 0), False, Code.BAD_SPEC),
+    ("rlimits new", MANIFEST, req(narrow={"rlimits": {"CORE": 0}}), (0, 0), False,
+     {"rlimits": {"NOFILE": (256, 1024), "CPU": (60, 60), "CORE": (0, 0)}}),
+    ("rlimits unknown", MANIFEST, req(narrow={"rlimits": {"NOPE": 1}}), (0, 0), False, Code.BAD_SPEC),
+    ("rlimits not an object", MANIFEST, req(narrow={"rlimits": [1]}), (0, 0), False, Code.BAD_SPEC),
+    # the pool: by Spec equality, so a narrowing equal to the manifest keeps it (issue 12's fix)
+    ("narrow {} keeps the pool", MANIFEST, req(narrow={}), (0, 0), False, {"pool": ("app", 2)}),
+    ("an equal narrowing keeps the pool", MANIFEST,
+     req(narrow={"read_only": ["/usr"], "connect_tcp": [80, 443], "rlimits": {"CPU": 60}}), (0, 0), False,
+     {"pool": ("app", 2)}),
+    ("no pool", NO_POOL, req(), (0, 0), False, {"pool": None}),
+    # the session gid: kept unless the manifest names its group
+    ("own group, no session gid", OWN_GROUP, req(), (0, 0), False, {"session_gid": False}),
+]
+
+
+def _plan(m: Manifest, request: dict[str, Any], counts: tuple[int, int], stopping: bool) -> policy.SpawnPlan:
+    admitted = policy.admit(request, {m.name: m}, stopping)
+    return policy.plan_spawn(admitted, request, PEER, policy.Counts(*counts), LIMITS, SUPERVISOR_ENV, resolve)
+
+
+@pytest.mark.parametrize("manifest, request_, counts, stopping, expected",
+                         [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
+def test_policy(manifest, request_, counts, stopping, expected):
+    if isinstance(expected, Code):
+        with pytest.raises(Refused) as e:
+            _plan(manifest, request_, counts, stopping)
+        assert e.value.code is expected, e.value
+        return
+    plan = _plan(manifest, request_, counts, stopping)
+    for key, want in expected.items():
+        if key == "rlimits":
+            assert {r.name: (r.soft, r.hard) for r in plan.spec.rlimits} == want
+        elif hasattr(plan.spec, key) and not hasattr(plan, key):
+            assert getattr(plan.spec, key) == want, key
+        else:
+            assert getattr(plan, key) == want, key
+    # What a narrowing leaves alone, and what it can never change.
+    assert plan.spec.untrusted_trees == SPEC.untrusted_trees and plan.spec.user == SPEC.user
+    assert plan.program == "/usr/bin/app" and plan.umask == 0o77 and plan.manifest is manifest
+
+
+def test_messages_name_the_field():
+    """The refusals a client sees (docs/protocol.md, tests/supervisor check these over the wire)."""
+    def refusal(**fields: Any) -> str:
+        with pytest.raises(Refused) as e:
+            _plan(MANIFEST, req(**fields), (0, 0), False)
+        return str(e.value)
+    assert refusal(narrow={"read_only": ["/home"]}) == "narrow.read_only: /home is not within what the manifest grants"
+    assert refusal(narrow={"read_write": ["/srv/data/loop"]}) == \
+        "narrow.read_write: /srv/data/loop: cannot be resolved: Too many levels of symbolic links"
+    assert refusal(env={"SECRET": "x"}) == "env: manifest 'app' does not take SECRET from clients (it takes: TOKEN)"
+    assert refusal(narrow={"connect_tcp": [22]}) == "narrow.connect_tcp: only ports the manifest grants ([80, 443])"
