@@ -21,7 +21,8 @@ const req = createRequire(path.join(nodeModules, "noop.js"));
 const { Client } = req("@modelcontextprotocol/sdk/client/index.js");
 const { StdioClientTransport } = req("@modelcontextprotocol/sdk/client/stdio.js");
 const { ListRootsRequestSchema } = req("@modelcontextprotocol/sdk/types.js");
-const sdkVersion = req("@modelcontextprotocol/sdk/package.json").version;
+const sdkVersion = JSON.parse(fs.readFileSync(
+  path.join(nodeModules, "@modelcontextprotocol", "sdk", "package.json"), "utf8")).version;
 
 function textOf(result) {
   return (result.content || []).filter((c) => c.type === "text").map((c) => c.text).join("\n");
