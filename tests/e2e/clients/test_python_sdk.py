@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import CLIENTS, HERE, TIMEOUT, Identity, run_client  # noqa: E402
+from clienthelpers import CLIENTS, HERE, TIMEOUT, Identity, run_client  # noqa: E402
 from scenarios import ALL, check_session, scenario, session_spec  # noqa: E402
 
 MODES = [("root", "daemon"), ("root", "private"), ("user", "daemon"), ("user", "private")]
