@@ -63,6 +63,7 @@ def test_python_sdk_session(py_results: Any, unlisted: Any, kind: str, mode: str
     assert unlisted.accepted == before
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind,mode", MODES, ids=[f"{k}-{m}" for k, m in MODES])
 def test_python_sdk_leaves_nothing(py_results: Any, kind: str, mode: str) -> None:
