@@ -1,0 +1,264 @@
+"""Plumbing of the client tests. Real MCP clients (scripts/install-clients:
+the official Python SDK in .clients/py, the TypeScript SDK and the Inspector
+in .clients/node) start `landlock-supervisor run NAME` as their stdio
+server, as users configure them.
+
+Two identities, each with its own world of files (projects, secret, repo) and
+its own daemon:
+
+- root: the daemon is `serve --socket ROOT/run/sock` (never the host's
+  /run/landlock-supervisor), the servers run as dynamic uids; private mode
+  gets `--state-root` (never /var/lib/landlock-supervisor).
+- user: a uid of 64000-64999 that nothing uses (no account, no process, no
+  /run/user/UID). It gets /run/user/UID (0700, as logind makes it) and a
+  home; its daemon is `serve` with no --socket, so that both `serve` and
+  `run` find the socket there with no XDG_RUNTIME_DIR (clients drop it);
+  private mode uses the default state root under its HOME.
+
+Every client runs with only HOME, LOGNAME, PATH, SHELL, TERM, USER (what the
+SDKs pass on) plus the config's `env`. The npm and uv caches are seeded into
+each state root, as tests/e2e does, so that npx and uvx start offline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # e2ehelpers, any import mode
+from e2ehelpers import EXAMPLES, REPO, SERVERS, git, seed_caches  # noqa: E402
+
+CLIENTS = REPO / ".clients"
+SUPERVISOR = REPO / ".venv" / "bin" / "landlock-supervisor"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TIMEOUT = 30.0
+
+
+def clients_problem() -> str | None:
+    env = CLIENTS / "clients.env"
+    if not env.exists():
+        return f"the MCP clients are not installed ({env} missing): run scripts/install-clients (scripts/test does)"
+    return None
+
+
+def clients_env() -> dict[str, str]:
+    out = {}
+    for line in (CLIENTS / "clients.env").read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            out[k] = v
+    return out
+
+
+# ---- an unused uid ----------------------------------------------------------------
+
+def _uids_in_use() -> set[int]:
+    uids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                for line in (entry / "status").read_text().splitlines():
+                    if line.startswith("Uid:"):
+                        uids.update(int(x) for x in line.split()[1:])
+                        break
+            except OSError:
+                pass
+    return uids
+
+
+def free_uid() -> int:
+    """A uid of 64000-64999 that no account, no group, no process and no
+    /run/user directory uses."""
+    import grp
+    import pwd
+    busy = _uids_in_use()
+    candidates = list(range(64000, 65000))
+    random.shuffle(candidates)
+    for uid in candidates:
+        if uid in busy or os.path.lexists(f"/run/user/{uid}"):
+            continue
+        try:
+            pwd.getpwuid(uid)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(uid)
+            continue
+        except KeyError:
+            pass
+        return uid
+    raise AssertionError("no free uid in 64000-64999")
+
+
+# ---- one identity's world ---------------------------------------------------------
+
+class Identity:
+    """Files, a daemon and the client environment of root or of a plain uid."""
+
+    def __init__(self, kind: str, root: Path, uid: int) -> None:
+        self.kind, self.dir, self.uid = kind, root, uid
+        self.home = root / "home" if uid else Path("/root")
+        self.projects = root / "projects"
+        self.secret = root / "secret"
+        self.repo = root / "repo"
+        self.daemon_state = root / "daemon-state"
+        # Private mode: root gets --state-root; the user its default, under HOME.
+        self.private_state = (root / "private-state" if uid == 0
+                              else self.home / ".local" / "state" / "landlock-supervisor")
+        self.runtime = Path(f"/run/user/{uid}") if uid else None
+        self.socket = root / "run" / "sock" if uid == 0 else self.runtime / "landlock-supervisor" / "socket"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = root / "daemon.log"
+
+    # -- set-up --
+
+    def build(self) -> None:
+        for d in (self.projects, self.secret, self.repo, self.dir / "run"):
+            d.mkdir(parents=True)
+        (self.projects / "notes.txt").write_text("hello from an allowed project\n")
+        (self.secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- (not really)\n")
+        (self.repo / "README").write_text("a repository the git server may use\n")
+        git("init", "-q", "-b", "main", ".", cwd=self.repo)
+        git("add", "README", cwd=self.repo)
+        git("commit", "-q", "-m", "first", cwd=self.repo)
+        nested = self.repo / "nested"
+        git("init", "-q", "-b", "main", str(nested), cwd=self.dir)
+        (self.secret / "shared.gitconfig").write_text("[core]\n\tautocrlf = false\n")
+        with open(nested / ".git" / "config", "a") as f:
+            f.write(f"[include]\n\tpath = {self.secret / 'shared.gitconfig'}\n")
+        git("config", "core.sharedRepository", "0666", cwd=self.repo)
+        self.private_state.mkdir(parents=True)
+        seed_caches(self.daemon_state)
+        seed_caches(self.private_state)
+        if self.uid == 0:
+            # The servers run as dynamic uids: what they write must be theirs to write.
+            subprocess.run(["chmod", "-R", "a+rwX", str(self.projects), str(self.repo)], check=True)
+        else:
+            self.home.chmod(0o700)
+            for p in (self.home, self.projects, self.repo, self.daemon_state):
+                subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", str(p)], check=True)
+            self.runtime.mkdir(mode=0o700)
+            os.chown(self.runtime, self.uid, self.uid)
+
+    def client_env(self, path: str = PATH) -> dict[str, str]:
+        """What an MCP client gives its servers (besides the config's env)."""
+        user = "root" if self.uid == 0 else f"llsv-client-{self.uid}"
+        return {"HOME": str(self.home), "LOGNAME": user, "PATH": path, "SHELL": "/bin/sh",
+                "TERM": "xterm-256color", "USER": user}
+
+    def server_env(self) -> dict[str, str]:
+        """The variables the example manifests read at load time (the daemon's
+        environment; in private mode the client config's env)."""
+        return {"MCP_SERVERS": str(SERVERS), "MCP_PROJECTS": str(self.projects), "MCP_REPO": str(self.repo),
+                "npm_config_offline": "true", "UV_OFFLINE": "1"}
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        if self.uid == 0:
+            return {}
+        return {"user": self.uid, "group": self.uid, "extra_groups": [], "umask": 0o077}
+
+    # -- the daemon --
+
+    def start_daemon(self, allow_uid: int | None = None) -> None:
+        argv = [str(SUPERVISOR)]
+        if self.uid == 0:
+            argv += ["--socket", str(self.socket)]
+        argv += ["serve", "--manifests", str(EXAMPLES), "--state-root", str(self.daemon_state), "--grace", "1"]
+        if allow_uid is not None:
+            argv += ["--allow-uid", str(allow_uid)]
+        env = {**self.client_env(), **self.server_env()}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, start_new_session=True, **self.popen_kwargs())
+        deadline = time.monotonic() + 20
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{self.kind}'s supervisor did not start:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def supervisor(self, *args: str) -> dict[str, Any]:
+        """A `landlock-supervisor` command against the daemon, as this identity."""
+        argv = [str(SUPERVISOR), "--socket", str(self.socket), *args]
+        p = subprocess.run(argv, env=self.client_env(), capture_output=True, timeout=20, **self.popen_kwargs())
+        assert p.returncode == 0, p.stderr.decode(errors="replace")
+        return json.loads(p.stdout)
+
+    def daemon_children(self, wait: float = 5.0) -> list[Any]:
+        """The daemon's running children, once they have had `wait` s to go."""
+        deadline = time.monotonic() + wait
+        while True:
+            children = self.supervisor("list")["children"]
+            if not children or time.monotonic() > deadline:
+                return children
+            time.sleep(0.1)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return None
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    # -- the configs a user writes --
+
+    def config(self, mode: str, name: str, client_args: Sequence[str] = ()) -> dict[str, Any]:
+        """The client config entry ({command, args, env}) for NAME in MODE."""
+        if mode == "daemon":
+            args = ["run", "--socket", str(self.socket)] if self.uid == 0 else ["run"]
+            return {"command": str(SUPERVISOR), "args": [*args, name, *client_args], "env": {}}
+        args = ["run", "--manifests", str(EXAMPLES)]
+        if self.uid == 0:
+            args += ["--state-root", str(self.private_state)]
+        return {"command": str(SUPERVISOR), "args": [*args, name, *client_args], "env": self.server_env()}
+
+    def leftovers(self) -> list[str]:
+        """Processes of this identity's world still alive: any whose command
+        line names one of its directories (the daemon aside)."""
+        needle = str(self.dir).encode()
+        out = []
+        daemon = self.proc.pid if self.proc else -1
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == daemon:
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if needle in cmdline or needle in environ:
+                line = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{entry.name}: {line}")
+        return out
+
+    def remove(self) -> None:
+        if self.runtime is not None:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+        if not os.environ.get("LLSV_KEEP_E2E"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_client(ident: Identity, argv: Sequence[str], env: Mapping[str, str], timeout: float,
+               stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """A client process as this identity, in its home, with exactly `env`."""
+    return subprocess.run(list(argv), env=dict(env), cwd=str(ident.home), capture_output=True, input=stdin,
+                          timeout=timeout, **ident.popen_kwargs())
