@@ -261,7 +261,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 # What every client's environment holds: not worth a word when not passed.
-_STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_"})
+_STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
+                           "LANDLOCK_SUPERVISOR_SOCKET"})   # (the last is ours)
 _STANDARD_PREFIXES = ("LC_", "XDG_")
 
 
