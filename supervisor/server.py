@@ -24,10 +24,12 @@ import prctl
 
 import landlock
 
-from . import ids, namespaces, peers, protocol, reap, spawn, state
+from . import ids, namespaces, peers, protocol, reap, state
 from . import manifest as manifests
 from .paths import default_socket_path
 from .manifest import Manifest, ManifestError
+from .zygote.messages import ChildFailure
+from .zygote.process import Gids, Launch, ZygoteProcess
 
 # What a root supervisor keeps in its bounding set: users and groups to
 # switch to, capabilities and securebits to drop, state directories to chown,
@@ -79,7 +81,7 @@ class Session:
     kill_timer: Any = None
     gid: int | None = None          # its session gid (Config.session_gids)
     leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
-    retry: "tuple[spawn.Launch, list[int]] | None" = None  # a pooled child's request and the client's stdio,
+    retry: "tuple[Launch, list[int]] | None" = None  # a pooled child's request and the client's stdio,
                                                           # kept until it execs: a fresh child's if it was tampered with
 
 
@@ -118,7 +120,7 @@ class Supervisor:
         self.connections: dict[int, Connection] = {}
         self.sessions: dict[int, Session] = {}
         self.confinements: dict[landlock.Spec, landlock.Confinement] = {}
-        self.gids = spawn.Gids(*config.session_gids) if config.session_gids else None
+        self.gids = Gids(*config.session_gids) if config.session_gids else None
         # Connections cost fds: ours go up to the hard limit; children keep
         # the limit we were given (the zygote's, set back at its start).
         self.nofile_start = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -131,7 +133,7 @@ class Supervisor:
         self.fd_reserve = max(16, min(64, self.fd_limit // 8))
         self.own_limits = _own_limits()
         self.connections_of: dict[int, int] = {}   # uid -> its open connections
-        self.zygote = spawn.Zygote(self.selector, self.gids, self.nofile_start)
+        self.zygote = ZygoteProcess(self.selector, self.gids, self.nofile_start)
         self.not_descendants: dict[tuple[int, str], bool] = {}  # (pid, starttime) of peers checked
         self.sweeping = False                                 # the request-deadline sweep is scheduled
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
@@ -701,7 +703,7 @@ class Supervisor:
             protocol.close_all(fds)
         self._track(conn, m, launch, pid, errpipe, gid, retry)
 
-    def _fresh(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+    def _fresh(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
         """A fresh child for the request: the zygote forks it. Closes stdio."""
         try:
             try:
@@ -709,11 +711,7 @@ class Supervisor:
             except OSError as e:
                 raise protocol.ProtocolError(str(e), "too_many_children") from None
             try:
-                pid, errpipe = self.zygote.spawn(launch, stdio, gid)
-            except spawn.NoErrorPipe as e:
-                self._release_gid(gid)
-                raise protocol.ProtocolError(f"{m.name}: {e.strerror}; the child was killed",
-                                             "spawn_failed") from None
+                pid, errpipe, gid = self.zygote.spawn(launch, stdio, gid)
             except OSError as e:
                 self._release_gid(gid)
                 if e.errno in (errno.EMFILE, errno.ENFILE):
@@ -727,8 +725,8 @@ class Supervisor:
             protocol.close_all(stdio)
         self._track(conn, m, launch, pid, errpipe, gid, None)
 
-    def _track(self, conn: Connection, m: Manifest, launch: spawn.Launch, pid: int, errpipe: int,
-               gid: int | None, retry: "tuple[spawn.Launch, list[int]] | None") -> None:
+    def _track(self, conn: Connection, m: Manifest, launch: Launch, pid: int, errpipe: int,
+               gid: int | None, retry: "tuple[Launch, list[int]] | None") -> None:
         previous = self.sessions.get(pid)
         if previous is not None:
             # pids wrap: the last child with this pid was reaped in this same
@@ -752,7 +750,7 @@ class Supervisor:
         if self.gids is not None:
             self.gids.release(gid)
 
-    def _plan(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> tuple[spawn.Launch, list[int]]:
+    def _plan(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> tuple[Launch, list[int]]:
         unknown = sorted(set(request) - SPAWN_FIELDS)
         if unknown:  # a misspelt "narrow" must not go unnoticed: the child would get more
             raise protocol.ProtocolError(f"spawn: unknown field(s) {', '.join(unknown)[:200]}")
@@ -791,7 +789,7 @@ class Supervisor:
                                          f"(it takes: {', '.join(sorted(m.client_env)) or 'nothing'})",
                                          "env_refused")
         spec = manifests.narrow(m, request.get("narrow"))
-        launch = spawn.Launch(m.command, [m.command, *m.args, *args],
+        launch = Launch(m.command, [m.command, *m.args, *args],
                               m.environment(os.environ, client_env), m.cwd, m.umask, self._confinement(spec),
                               # A pool serves the manifest's own spec (or a narrowing equal to it).
                               pool=(m.name, m.pool) if m.pool and spec == m.spec else None,
@@ -823,13 +821,13 @@ class Supervisor:
         os.close(session.errpipe)
         session.errpipe = -1
         retry, session.retry = session.retry, None
-        if data and retry is not None and spawn.read_error(data).stage == "tampered":
+        if data and retry is not None and ChildFailure.decode(data).stage == "tampered":
             self._replace_tampered(session, *retry)
             return
         if retry is not None:
             protocol.close_all(retry[1])
         if data:
-            error = spawn.read_error(data)
+            error = ChildFailure.decode(data)
             self.stats["failed"] += 1
             self._send(session.conn, {"event": "error", "code": "spawn_failed", "stage": error.stage,
                                       "errno": error.errno, "error": f"{session.manifest.name}: {error}",
@@ -849,7 +847,7 @@ class Supervisor:
         elif session.kill_reason in ("client_gone", "shutdown"):
             self._terminate(session, session.kill_reason)
 
-    def _replace_tampered(self, session: Session, launch: spawn.Launch, stdio: list[int]) -> None:
+    def _replace_tampered(self, session: Session, launch: Launch, stdio: list[int]) -> None:
         """A pooled child whose limits were changed while it waited (it
         said so and exits): the request goes to a fresh child, the client
         none the wiser."""

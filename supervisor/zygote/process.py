@@ -1,16 +1,16 @@
-"""Spawning, seen from the supervisor: what to launch, and the zygote that forks it.
+"""ZygoteProcess, the supervisor's handle on its zygote: start and restart, spawn, pools, hand-over to pooled children.
 
-Everything is computed here, in the supervisor (argv, environment, the
-Confinement with its ruleset fd); the zygote (zygote.py) forks, and the
-child makes its system calls in a fixed order and leaves by exec or
-os._exit. A failure travels back over a close-on-exec pipe as
-"stage:errno:message"; EOF on that pipe means exec succeeded.
+Everything is computed in the supervisor (argv, environment, the
+Confinement with its ruleset fd, each child's error pipe); the zygote
+(zygote.main) forks, and the child (zygote.child) makes its system calls in
+a fixed order and leaves by exec or os._exit. A failure travels back over
+the close-on-exec error pipe as a messages.ChildFailure; EOF on it means
+exec succeeded.
 """
 from __future__ import annotations
 
 import errno
 import itertools
-import marshal
 import os
 import resource
 import select
@@ -20,16 +20,17 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import _prctl
 import prctl
 
 import landlock
 
-from . import protocol, zygote
+from . import messages
+from .messages import Drain, Forked, ForkFailed, Pool, Pooled, PoolFailed, Ready, Refill, Request, Spawn, Unused
 
-_BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor import zygote; zygote.main()"
-_ASYNC = ("pooled", "pool_failed", "unused")   # what the zygote sends unasked
+_BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
 
 
@@ -44,9 +45,19 @@ class Launch:
     pool: tuple[str, int] | None = None   # (manifest, size): a pool of its children may serve this
     session_gid: bool = False             # each child gets a gid of its own (see Gids)
 
-    def message(self) -> tuple:
-        """The zygote's form, without argv and env: the child gets those after the fork."""
-        return (self.program, None, None, self.cwd, self.umask, tuple(self.confinement.entry))
+    def request(self) -> bytes:
+        """What the child reads after the fork: argv and env never enter the zygote."""
+        return messages.encode(Request(self.argv, self.env))
+
+    def ruleset_fds(self) -> list[int]:
+        return [self.confinement.ruleset.fd] if self.confinement.ruleset.fd >= 0 else []
+
+
+class Started(NamedTuple):
+    """A child forked for a request, fresh or pooled."""
+    pid: int
+    errpipe: int         # the read end of its error pipe: EOF at exec, else a ChildFailure
+    gid: int | None      # its session gid, the caller's to give back once the child is reaped
 
 
 class Gids:
@@ -79,29 +90,18 @@ class Gids:
             self.used.discard(gid)
 
 
-class NoErrorPipe(OSError):
-    """The zygote forked, but its reply came without the child's error pipe
-    (the supervisor is out of fds): the child is killed."""
-
-
-class SpawnError(Exception):
-    def __init__(self, stage: str, errno_: int, message: str) -> None:
-        super().__init__(f"{stage}: {message}")
-        self.stage, self.errno = stage, errno_
-
-
-def read_error(data: bytes) -> SpawnError:
-    stage, _, rest = data.decode(errors="replace").partition(":")
-    number, _, message = rest.partition(":")
-    return SpawnError(stage, int(number) if number.isdigit() else 0, message)
-
-
 @dataclass
-class Pooled:
+class Waiting:
     """A child the zygote forked ahead, confined, waiting for its request."""
     pid: int
     handover: socket.socket   # at its EOF the child exits unused
     gid: int | None = None    # its session gid
+
+
+def _error_pipe() -> tuple[int, int]:
+    """A child's error pipe, made here for every child, fresh or pooled:
+    close-on-exec at both ends, so the read end sees EOF at exec."""
+    return os.pipe2(os.O_CLOEXEC)
 
 
 def _proc_limits(pid: int) -> bytes | None:
@@ -119,12 +119,13 @@ def _proc_limits(pid: int) -> bytes | None:
         os.close(fd)
 
 
-class Zygote:
+class ZygoteProcess:
     """The supervisor's handle on its zygote and on the pooled children it
     forked. A spawn without a pool is one request answered before the next
     (a fork takes well under a millisecond), so a child's pid is known
     before its SIGCHLD can be handled; pooled children arrive on their own
-    and are handed their request by the supervisor, the zygote not involved.
+    (on the events channel, watched by the selector) and are handed their
+    request by the supervisor, the zygote not involved.
 
     With `gids`, every pooled child is forked with a session gid of its
     own, taken here and given back when it is reaped (or never forked)."""
@@ -135,10 +136,11 @@ class Zygote:
         self.gids = gids
         self.nofile = nofile    # the zygote's NOFILE limit, so its children's: the supervisor's before it raised it
         self.pid: int | None = None
-        self.channel: socket.socket | None = None
+        self.requests: socket.socket | None = None   # see messages
+        self.events: socket.socket | None = None
         self.generations = itertools.count(1)
         self.pools: dict[str, tuple[int, landlock.Confinement]] = {}   # name -> (generation, what it enters)
-        self.ready: dict[str, list[Pooled]] = {}
+        self.ready: dict[str, list[Waiting]] = {}
         self.retired: set[int] = set()  # sent away unused: reaped, not orphans
         self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
         self.gid_of: dict[int, int] = {}  # pooled children sent away: their gids, until reaped
@@ -147,37 +149,46 @@ class Zygote:
         self.outstanding: set[int] = set()  # gids sent to the zygote for children not yet announced
 
     def start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        kind = socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+        requests, their_requests = socket.socketpair(*kind)
+        events, their_events = socket.socketpair(*kind)
         # -S: no site, so no site-packages; where each import lives, instead.
         paths = list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
-            os.path.dirname(__file__), os.path.dirname(landlock.__file__), prctl.__file__, _prctl.__file__)))
+            os.path.dirname(os.path.dirname(__file__)), os.path.dirname(landlock.__file__), prctl.__file__,
+            _prctl.__file__)))
         try:
             # A fresh interpreter, not a fork of ours: small, and nothing of
             # the supervisor's in it. Its own session: a terminal's ^C is the
             # supervisor's to handle. No environment: children get theirs.
             self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *paths], {},
-                                      file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), zygote.CHANNEL_FD)],
+                                      file_actions=[
+                                          (os.POSIX_SPAWN_DUP2, their_requests.fileno(), messages.REQUESTS_FD),
+                                          (os.POSIX_SPAWN_DUP2, their_events.fileno(), messages.EVENTS_FD)],
                                       setsid=True, setsigmask=())
+        except OSError:
+            requests.close()
+            events.close()
+            raise
         finally:
-            theirs.close()
-        self.channel = ours
-        self.selector.register(ours, selectors.EVENT_READ, lambda key: self.receive())
+            their_requests.close()
+            their_events.close()
+        self.requests, self.events = requests, events
+        self.selector.register(events, selectors.EVENT_READ, lambda key: self.receive())
         reply = self._reply()
-        if reply[0] != "ready":
-            raise OSError(0, f"the zygote said {reply!r} at start")
+        if not isinstance(reply, Ready):
+            raise OSError(errno.EPROTO, f"the zygote said {reply!r} at start")
         if self.nofile is not None:
             # Before its first fork (it forks only when asked).
             resource.prlimit(self.pid, resource.RLIMIT_NOFILE, self.nofile)
         self.limits = _proc_limits(self.pid) or b""
 
-    def spawn(self, launch: Launch, stdio: list[int], gid: int | None = None) -> tuple[int, int]:
-        """Fork a child for launch (with session gid `gid`); returns (pid,
-        read end of its error pipe). Raises OSError when the fork fails
-        (EAGAIN, ENOMEM) or the zygote is gone twice, NoErrorPipe when the
-        child was forked but cannot be followed (it is killed)."""
-        request = marshal.dumps((launch.argv, launch.env))
-        if len(request) > zygote.MAX_MESSAGE:
-            raise OSError(errno.E2BIG, f"argv and environment exceed {zygote.MAX_MESSAGE // 1024} KiB")
+    def spawn(self, launch: Launch, stdio: list[int], gid: int | None = None) -> Started:
+        """Fork a child for launch (with session gid `gid`). Raises OSError
+        when the fork fails (EAGAIN, ENOMEM), the zygote is gone twice, or
+        the supervisor is out of fds for the child's error pipe (EMFILE)."""
+        request = launch.request()
+        if len(request) > messages.MAX_MESSAGE:
+            raise OSError(errno.E2BIG, f"argv and environment exceed {messages.MAX_MESSAGE // 1024} KiB")
         # The child reads argv and env from here after the fork: they never
         # enter the zygote, whose memory every later child copies.
         memfd = os.memfd_create("spawn-request", os.MFD_CLOEXEC)
@@ -185,30 +196,33 @@ class Zygote:
             view = memoryview(request)
             while view:
                 view = view[os.write(memfd, view):]
-            fds = stdio + [memfd] + ([launch.confinement.ruleset.fd] if launch.confinement.ruleset.fd >= 0 else [])
-            message = marshal.dumps(("spawn", launch.message(), gid, len(request)))
-            for attempt in (1, 2):
+            message = Spawn(launch.program, launch.cwd, launch.umask, launch.confinement.entry, gid, len(request))
+            retried = False
+            while True:
+                errpipe, err_w = _error_pipe()   # a new one each time: the first zygote may have forked
                 try:
-                    if self.channel is None:
+                    if self.requests is None:
                         self.start()
-                    self.channel.sendmsg([message], protocol.rights(fds))
+                    self._send(message, [*stdio, memfd, err_w, *launch.ruleset_fds()])
                     reply = self._reply()
-                    break
-                except (OSError, EOFError) as e:
+                except (OSError, EOFError, ValueError) as e:
+                    os.close(errpipe)
                     self.close()
-                    if attempt == 2:
+                    if retried:
                         raise OSError(getattr(e, "errno", 0) or 0, f"the zygote is gone: {e}") from None
+                    retried = True
+                    continue
+                finally:
+                    os.close(err_w)
+                break
         finally:
             os.close(memfd)
-        if reply[0] == "forked":
-            if len(reply) < 3:
-                os.kill(reply[1], signal.SIGKILL)  # ours (CLONE_PARENT), not reaped yet: its pid
-                self.retired.add(reply[1])
-                raise NoErrorPipe(errno.EMFILE, "the supervisor is out of file descriptors")
-            return reply[1], reply[2]
-        if reply[0] == "fork_failed":
-            raise OSError(reply[1], reply[2])
-        raise OSError(0, f"the zygote said {reply!r}")
+        if isinstance(reply, Forked):
+            return Started(reply.pid, errpipe, gid)
+        os.close(errpipe)
+        if isinstance(reply, ForkFailed):
+            raise OSError(reply.errno, reply.message)
+        raise OSError(errno.EPROTO, f"the zygote said {reply!r}")
 
     def _gid(self, launch: Launch) -> int | None:
         """A session gid for a pooled child of launch; raises OSError when none is free."""
@@ -228,11 +242,11 @@ class Zygote:
         else:
             self.gids.release(gid)
 
-    def take(self, launch: Launch, stdio: list[int]) -> tuple[int, int, int | None] | None:
-        """Hand the request to a pooled child of launch.pool; returns (pid,
-        error pipe, its session gid, now the caller's), or None when none is
-        ready (the pool is set up, or replaced when its confinement changed,
-        for the next spawns)."""
+    def take(self, launch: Launch, stdio: list[int]) -> Started | None:
+        """Hand the request to a pooled child of launch.pool, or None when
+        none is ready (the pool is set up, or replaced when its
+        confinement changed, for the next spawns)."""
+        assert launch.pool is not None
         name, size = launch.pool
         generation, confinement = self.pools.get(name, (0, None))
         if confinement is not launch.confinement:
@@ -242,10 +256,10 @@ class Zygote:
         children = self.ready.get(name, [])
         if not children:
             return None
-        request = marshal.dumps((launch.argv, launch.env))
-        if len(request) > zygote.HANDOVER_MAX:
+        request = launch.request()
+        if len(request) > messages.HANDOVER_MAX:
             return None  # a fresh child takes it (or spawn() says why not)
-        errpipe, err_w = os.pipe2(os.O_CLOEXEC)
+        errpipe, err_w = _error_pipe()
         try:
             while children:
                 child = children.pop()
@@ -258,7 +272,7 @@ class Zygote:
                     child.handover.close()
                     continue
                 try:
-                    child.handover.sendmsg([request], protocol.rights([*stdio, err_w]))
+                    messages.send(child.handover, request, [*stdio, err_w])
                 except OSError:
                     # Died before its use (a child that dies young does so
                     # again: no refill for it; the fresh spawn reports why).
@@ -272,16 +286,16 @@ class Zygote:
                     pass  # no gid free: the pool shrinks by one
                 else:
                     try:
-                        self._send(("refill", name, generation, gid))
+                        self._send(Refill(name, generation, gid))
                     except OSError:
                         self.close()
-                return child.pid, errpipe, child.gid
+                return Started(child.pid, errpipe, child.gid)
         finally:
             os.close(err_w)
         os.close(errpipe)
         return None
 
-    def _send_away(self, child: Pooled) -> None:
+    def _send_away(self, child: Waiting) -> None:
         self.retired.add(child.pid)
         if child.gid is not None:
             self.gid_of[child.pid] = child.gid
@@ -289,7 +303,6 @@ class Zygote:
     def _pool(self, name: str, size: int, launch: Launch) -> None:
         self._retire(name)
         generation = next(self.generations)
-        fd = launch.confinement.ruleset.fd
         gids: list[int | None] = []
         try:
             for _ in range(size):
@@ -298,10 +311,11 @@ class Zygote:
             if not gids:
                 return
         try:
-            if self.channel is None:
+            if self.requests is None:
                 self.start()
-            self._send(("pool", name, generation, tuple(gids), launch.message()), [fd] if fd >= 0 else [])
-        except (OSError, EOFError):
+            self._send(Pool(launch.program, launch.cwd, launch.umask, launch.confinement.entry,
+                            name, generation, tuple(gids)), launch.ruleset_fds())
+        except (OSError, EOFError, ValueError):
             self.close()  # gives the outstanding gids back
             return
         self.pools[name] = (generation, launch.confinement)
@@ -316,9 +330,9 @@ class Zygote:
         """Every pool emptied and stopped (a reload)."""
         for name in list(self.pools):
             self._retire(name)
-            if self.channel is not None:
+            if self.requests is not None:
                 try:
-                    self._send(("pool", name, 0, (), None))
+                    self._send(Drain(name))
                 except OSError:
                     self.close()
 
@@ -345,78 +359,82 @@ class Zygote:
             child.pid == pid for children in self.ready.values() for child in children)
 
     def receive(self) -> None:
-        """Take in the pooled children that arrived (the channel is readable)."""
-        if self.channel is not None and not self._collect():
+        """Take in what the zygote announced (the events channel is readable)."""
+        if self.events is not None and not self._collect():
             self.close()
 
     def _collect(self) -> bool:
-        """Read what the zygote sent; False at the channel's end."""
+        """Read the zygote's announcements; False at the channel's end."""
+        assert self.events is not None
         while True:
             try:
-                message = self._read(socket.MSG_DONTWAIT)
+                message, fds = messages.receive(self.events, 4096, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return True
-            except (OSError, EOFError):
+            except (OSError, ValueError):
                 return False
-            if message[0] == "forked":  # the answer to a spawn given up on: nobody's child
-                os.kill(message[1], signal.SIGKILL)
-                self.retired.add(message[1])
-                if len(message) > 2:
-                    os.close(message[2])
-            elif message[0] not in _ASYNC:
-                raise OSError(0, f"the zygote said {message!r} out of turn")
+            if message is None:
+                return False
+            self._announced(message, fds)
+
+    def _announced(self, message: tuple, fds: list[int]) -> None:
+        if isinstance(message, Unused):
+            for gid in message.gids:
+                self._returned(gid)
+        elif isinstance(message, (Pooled, PoolFailed)):
+            if message.helper:
+                self.retired.add(message.helper)  # reaped once the child has exec'd or exited
+            if (isinstance(message, Pooled) and len(fds) == 1
+                    and self.pools.get(message.name, (None,))[0] == message.generation):
+                if self.gids is not None:
+                    self.outstanding.discard(message.gid)
+                self.ready.setdefault(message.name, []).append(
+                    Waiting(message.pid, socket.socket(fileno=fds[0]), message.gid))
+                return
+            # failed, of a pool since replaced, or its socket lost (we are out of fds)
+            if message.pid:
+                self.retired.add(message.pid)
+            self._returned(message.gid, message.pid)
+        for fd in fds:
+            os.close(fd)
 
     def _reply(self) -> tuple:
-        """The answer to the request just sent; pooled children that come first are kept."""
-        deadline = time.monotonic() + _REPLY_TIMEOUT
+        """The answer to the request just sent."""
+        assert self.requests is not None
         poller = select.poll()  # not select(): the supervisor's fds may pass 1023
-        poller.register(self.channel, select.POLLIN)
-        while True:
-            if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
-                raise TimeoutError("the zygote did not answer")
-            message = self._read(0)
-            if message[0] not in _ASYNC:
-                return message
-
-    def _read(self, flags: int) -> tuple:
-        data, ancillary, _, _ = self.channel.recvmsg(4096, socket.CMSG_SPACE(2 * 4), socket.MSG_CMSG_CLOEXEC | flags)
-        fds = protocol.received_fds(ancillary)
-        if not data:
+        poller.register(self.requests, select.POLLIN)
+        if not poller.poll(_REPLY_TIMEOUT * 1000):
+            raise TimeoutError("the zygote did not answer")
+        message, fds = messages.receive(self.requests, 4096)
+        for fd in fds:
+            os.close(fd)
+        if message is None:
             raise EOFError("EOF from the zygote")
-        message = marshal.loads(data)
-        if message[0] == "unused":
-            for gid in message[1]:
-                self._returned(gid)
-        elif message[0] in _ASYNC:
-            pid, helper = message[3:5]
-            gid = message[-1]
-            if helper:
-                self.retired.add(helper)  # reaped once the child has exec'd or exited
-            if message[0] == "pooled" and self.pools.get(message[1], (None,))[0] == message[2] and len(fds) == 1:
-                if self.gids is not None:
-                    self.outstanding.discard(gid)
-                self.ready.setdefault(message[1], []).append(Pooled(pid, socket.socket(fileno=fds[0]), gid))
-            else:  # failed, or of a pool since replaced
-                if pid:
-                    self.retired.add(pid)
-                self._returned(gid, pid)
-                for fd in fds:
-                    os.close(fd)
-        elif message[0] == "forked" and len(fds) == 1:
-            message = (*message, fds[0])
-        else:
-            for fd in fds:
-                os.close(fd)
         return message
 
-    def _send(self, message: tuple, fds: list[int] = ()) -> None:
-        self.channel.sendmsg([marshal.dumps(message)], protocol.rights(fds))
+    def _send(self, message: tuple, fds: list[int] | None = None) -> None:
+        assert self.requests is not None
+        messages.send(self.requests, message, fds or [])
+
+    def _late_answer(self) -> None:
+        """A spawn given up on (the zygote did not answer in time) may have
+        forked after all: nobody's child, killed."""
+        assert self.requests is not None
+        try:
+            message, fds = messages.receive(self.requests, 4096, socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            return
+        for fd in fds:
+            os.close(fd)
+        if isinstance(message, Forked):
+            os.kill(message.pid, signal.SIGKILL)  # ours (CLONE_PARENT), not reaped yet: its pid
+            self.retired.add(message.pid)
 
     def close(self) -> None:
-        """Close the channel and kill the zygote (unless it was reaped
+        """Close the channels and kill the zygote (unless it was reaped
         already); the pooled children exit at EOF on their hand-over sockets;
         the next spawn starts another zygote."""
-        if self.channel is not None:
+        if self.events is not None:
             try:
                 # The zygote may have died with pooled children announced
                 # but not yet read (its SIGCHLD handled first): read them,
@@ -424,6 +442,8 @@ class Zygote:
                 self._collect()
             except OSError:
                 pass
+        if self.requests is not None:
+            self._late_answer()
         for name in list(self.pools):
             self._retire(name)
         if self.gids is not None:
@@ -432,10 +452,13 @@ class Zygote:
             for gid in self.outstanding:
                 self.gids.release(gid)
         self.outstanding.clear()
-        if self.channel is not None:
-            self.selector.unregister(self.channel)
-            self.channel.close()
-            self.channel = None
+        if self.events is not None:
+            self.selector.unregister(self.events)
+            self.events.close()
+            self.events = None
+        if self.requests is not None:
+            self.requests.close()
+            self.requests = None
         if self.pid is not None:
             # Not reaped yet, so the pid is still its own. A stopped zygote
             # (a spawn timed out) must never wake to fork for a request
