@@ -29,7 +29,8 @@ from . import manifest as manifests
 from .paths import default_socket_path
 from .manifest import Manifest, ManifestError
 from .zygote.messages import ChildFailure
-from .zygote.process import Gids, Launch, ZygoteProcess
+from .zygote.pools import Gids
+from .zygote.process import Launch, ZygoteProcess
 
 # What a root supervisor keeps in its bounding set: users and groups to
 # switch to, capabilities and securebits to drop, state directories to chown,

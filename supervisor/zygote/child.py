@@ -9,6 +9,8 @@ or by the zygote once per message): every object made between fork and
 exec costs each spawn copy-on-write faults. The shared steps and their
 order are landlock.enter.CONFINE and LAST, which landlock-exec takes too.
 """
+from __future__ import annotations
+
 import collections
 import ctypes
 import errno
@@ -61,7 +63,7 @@ _stack = ctypes.create_string_buffer(16384)
 _STACK_TOP = (ctypes.addressof(_stack) + len(_stack)) & ~15
 _HELPER_RUNS = ctypes.cast(_libc.pthread_mutex_lock, ctypes.c_void_p)
 # The same for every fork: built once.
-_CLONE_ARGS = [ctypes.c_long(_CLONE_NR[MACHINE]),
+_CLONE_ARGS: list[object] = [ctypes.c_long(_CLONE_NR[MACHINE]),
                ctypes.c_ulong(_CLONE_PARENT | _CLONE_CHILD_CLEARTID | _SIGCHLD), None, None, None, None]
 _CLONE_ARGS[4 if MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(_mutex))
 
@@ -78,7 +80,7 @@ def lock_helper_mutex() -> None:
     ctypes.c_int.from_buffer(_mutex).value = 1
 
 
-def fork(zygote: Zygote, target: tuple, gid: int | None, err_w: int, ruleset_fd: int, *,
+def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None, err_w: int, ruleset_fd: int, *,
          stdio: list[int] | None = None, request: int = -1, size: int = 0,
          handover: int = -1, helper: bool = False) -> int:
     """Fork a child that becomes target (a messages.Spawn or Pool): a fresh
@@ -105,7 +107,7 @@ def fork(zygote: Zygote, target: tuple, gid: int | None, err_w: int, ruleset_fd:
     return pid
 
 
-def _run(zygote: Zygote, target: tuple, gid: int | None, err_w: int, ruleset_fd: int, stdio: list[int] | None,
+def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None, err_w: int, ruleset_fd: int, stdio: list[int] | None,
          request: int, size: int, handover: int, helper: bool) -> None:
     """The child: (a pooled one says "ready" on err_w, then waits for its
     request and the supervisor's error pipe), exec. Never returns."""

@@ -33,12 +33,15 @@ the child has an NPROC limit: it would count against it.
 A pooled child reports to the zygote on a pipe of its own: "helper PID\\n"
 when it made one, then "ready\\n", or why it failed, then EOF.
 """
+from __future__ import annotations
+
 import ctypes
 import os
 import resource
 import select
 import _signal
 import _socket as socket  # not socket.py: its enums cost every fork ~130 pages
+from collections.abc import Callable
 
 import prctl
 
@@ -76,16 +79,17 @@ class ZygoteLoop:
         self.events = socket.socket(fileno=messages.EVENTS_FD)
         self.pools: dict[str, _Pool] = {}
         self.starting: dict[int, _Starting] = {}   # by the pipe it reports on
-        self.handlers = {Spawn: self._spawn, Pool: self._pool, Refill: self._refill, Drain: self._drain}
+        self.handlers: dict[type, Callable[..., None]] = {Spawn: self._spawn, Pool: self._pool, Refill: self._refill, Drain: self._drain}
 
     def serve(self) -> None:
         self._answer(Ready(os.getpid()))
         while True:
-            for ready in select.select([self.requests, *self.starting], [], [])[0]:
-                if ready is self.requests:
-                    self._handle()
-                else:
+            readable: list[socket.socket | int] = [self.requests, *self.starting]
+            for ready in select.select(readable, [], [])[0]:
+                if isinstance(ready, int):
                     self._started(ready)
+                else:
+                    self._handle()
             # Pre-fork between requests, a request first whenever one waits.
             for name, pool in list(self.pools.items()):
                 while pool.gids and not select.select([self.requests], [], [], 0)[0]:

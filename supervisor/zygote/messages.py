@@ -48,9 +48,9 @@ MAX_MESSAGE = 256 * 1024   # a Request (argv and environment), checked by the su
 HANDOVER_MAX = 64 * 1024
 _FDS_SPACE = socket.CMSG_SPACE(8 * 4)
 
-_TARGET = "program cwd umask entry"   # entry: a landlock.enter.Entry
-Spawn = collections.namedtuple("Spawn", f"{_TARGET} gid size")
-Pool = collections.namedtuple("Pool", f"{_TARGET} name generation gids")
+# Spawn and Pool start with what the child becomes (entry: a landlock.enter.Entry).
+Spawn = collections.namedtuple("Spawn", "program cwd umask entry gid size")
+Pool = collections.namedtuple("Pool", "program cwd umask entry name generation gids")
 Refill = collections.namedtuple("Refill", "name generation gid")
 Drain = collections.namedtuple("Drain", "name")
 Ready = collections.namedtuple("Ready", "pid")
@@ -79,7 +79,7 @@ def decode(data: bytes) -> tuple:
         message = _TYPES[name]._make(fields)
     except (EOFError, TypeError, ValueError, KeyError) as e:
         raise ValueError(f"not a message: {e!r}") from None
-    if "entry" in message._fields:
+    if isinstance(message, (Spawn, Pool)):
         message = message._replace(entry=enter.Entry._make(message.entry))
     return message
 

@@ -10,7 +10,6 @@ exec succeeded.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import resource
 import select
@@ -18,7 +17,6 @@ import selectors
 import signal
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,7 +26,8 @@ import prctl
 import landlock
 
 from . import messages
-from .messages import Drain, Forked, ForkFailed, Pool, Pooled, PoolFailed, Ready, Refill, Request, Spawn, Unused
+from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
+from .pools import Gids, Pools, Waiting, proc_limits
 
 _BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
@@ -60,42 +59,12 @@ class Started(NamedTuple):
     gid: int | None      # its session gid, the caller's to give back once the child is reaped
 
 
-class Gids:
-    """A root supervisor's session gids: each child gets one no other live
-    process has, so that prlimit(2), which needs the caller's uid and gid to
-    match the target's, fails between sessions and against every root
-    process. Handed out round the range: a released gid comes back last,
-    long after any leftover of its session is gone."""
-
-    def __init__(self, first: int, last: int) -> None:
-        if not 0 < first <= last:
-            raise ValueError(f"session gids {first}-{last}: expected 0 < FIRST <= LAST")
-        self.first, self.last = first, last
-        self.next = first
-        self.used: set[int] = set()
-
-    def take(self) -> int:
-        size = self.last - self.first + 1
-        if len(self.used) >= size:
-            raise OSError(errno.EAGAIN, f"all {size} session gids are in use")
-        while self.next in self.used:
-            self.next = self.first if self.next >= self.last else self.next + 1
-        gid = self.next
-        self.next = self.first if gid >= self.last else gid + 1
-        self.used.add(gid)
-        return gid
-
-    def release(self, gid: int | None) -> None:
-        if gid is not None:
-            self.used.discard(gid)
-
-
-@dataclass
-class Waiting:
-    """A child the zygote forked ahead, confined, waiting for its request."""
-    pid: int
-    handover: socket.socket   # at its EOF the child exits unused
-    gid: int | None = None    # its session gid
+def import_paths() -> list[str]:
+    """The zygote runs with -S: no site, so no site-packages; where each of
+    its imports lives, instead."""
+    return list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
+        os.path.dirname(os.path.dirname(__file__)), os.path.dirname(landlock.__file__), prctl.__file__,
+        _prctl.__file__)))
 
 
 def _error_pipe() -> tuple[int, int]:
@@ -104,63 +73,46 @@ def _error_pipe() -> tuple[int, int]:
     return os.pipe2(os.O_CLOEXEC)
 
 
-def _proc_limits(pid: int) -> bytes | None:
-    """/proc/PID/limits: readable by anyone, where prlimit(2) of another
-    uid or gid would need CAP_SYS_RESOURCE."""
-    try:
-        fd = os.open(f"/proc/{pid}/limits", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 8192)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 class ZygoteProcess:
     """The supervisor's handle on its zygote and on the pooled children it
     forked. A spawn without a pool is one request answered before the next
     (a fork takes well under a millisecond), so a child's pid is known
     before its SIGCHLD can be handled; pooled children arrive on their own
     (on the events channel, watched by the selector) and are handed their
-    request by the supervisor, the zygote not involved.
-
-    With `gids`, every pooled child is forked with a session gid of its
-    own, taken here and given back when it is reaped (or never forked)."""
+    request by the supervisor, the zygote not involved (their record:
+    pools.Pools; `ready`, `retired` and `tampered` are its)."""
 
     def __init__(self, selector: selectors.BaseSelector, gids: Gids | None = None,
                  nofile: tuple[int, int] | None = None) -> None:
         self.selector = selector
-        self.gids = gids
         self.nofile = nofile    # the zygote's NOFILE limit, so its children's: the supervisor's before it raised it
         self.pid: int | None = None
         self.requests: socket.socket | None = None   # see messages
         self.events: socket.socket | None = None
-        self.generations = itertools.count(1)
-        self.pools: dict[str, tuple[int, landlock.Confinement]] = {}   # name -> (generation, what it enters)
-        self.ready: dict[str, list[Waiting]] = {}
-        self.retired: set[int] = set()  # sent away unused: reaped, not orphans
+        self.pools = Pools(gids)
         self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
-        self.gid_of: dict[int, int] = {}  # pooled children sent away: their gids, until reaped
-        self.limits = b""   # /proc/<zygote>/limits: what a pooled child has until its hand-over
-        self.tampered: list[int] = []  # pooled children found with other limits, sent away (the caller logs them)
-        self.outstanding: set[int] = set()  # gids sent to the zygote for children not yet announced
+
+    @property
+    def ready(self) -> dict[str, list[Waiting]]:
+        return self.pools.ready
+
+    @property
+    def retired(self) -> set[int]:
+        return self.pools.retired
+
+    @property
+    def tampered(self) -> list[int]:
+        return self.pools.tampered
 
     def start(self) -> None:
         kind = socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
         requests, their_requests = socket.socketpair(*kind)
         events, their_events = socket.socketpair(*kind)
-        # -S: no site, so no site-packages; where each import lives, instead.
-        paths = list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
-            os.path.dirname(os.path.dirname(__file__)), os.path.dirname(landlock.__file__), prctl.__file__,
-            _prctl.__file__)))
         try:
             # A fresh interpreter, not a fork of ours: small, and nothing of
             # the supervisor's in it. Its own session: a terminal's ^C is the
             # supervisor's to handle. No environment: children get theirs.
-            self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *paths], {},
+            self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *import_paths()], {},
                                       file_actions=[
                                           (os.POSIX_SPAWN_DUP2, their_requests.fileno(), messages.REQUESTS_FD),
                                           (os.POSIX_SPAWN_DUP2, their_events.fileno(), messages.EVENTS_FD)],
@@ -180,7 +132,7 @@ class ZygoteProcess:
         if self.nofile is not None:
             # Before its first fork (it forks only when asked).
             resource.prlimit(self.pid, resource.RLIMIT_NOFILE, self.nofile)
-        self.limits = _proc_limits(self.pid) or b""
+        self.pools.limits = proc_limits(self.pid) or b""
 
     def spawn(self, launch: Launch, stdio: list[int], gid: int | None = None) -> Started:
         """Fork a child for launch (with session gid `gid`). Raises OSError
@@ -224,64 +176,34 @@ class ZygoteProcess:
             raise OSError(reply.errno, reply.message)
         raise OSError(errno.EPROTO, f"the zygote said {reply!r}")
 
-    def _gid(self, launch: Launch) -> int | None:
-        """A session gid for a pooled child of launch; raises OSError when none is free."""
-        if self.gids is None or not launch.session_gid:
-            return None
-        gid = self.gids.take()
-        self.outstanding.add(gid)
-        return gid
-
-    def _returned(self, gid: int | None, pid: int = 0) -> None:
-        """The zygote spoke of gid: a child pid has it (until reaped), or nobody."""
-        if gid is None or self.gids is None:
-            return
-        self.outstanding.discard(gid)
-        if pid:
-            self.gid_of[pid] = gid
-        else:
-            self.gids.release(gid)
-
     def take(self, launch: Launch, stdio: list[int]) -> Started | None:
         """Hand the request to a pooled child of launch.pool, or None when
         none is ready (the pool is set up, or replaced when its
         confinement changed, for the next spawns)."""
         assert launch.pool is not None
         name, size = launch.pool
-        generation, confinement = self.pools.get(name, (0, None))
+        generation, confinement = self.pools.running.get(name, (0, None))
         if confinement is not launch.confinement:
             self._pool(name, size, launch)
             return None
         self.receive()
-        children = self.ready.get(name, [])
-        if not children:
-            return None
         request = launch.request()
         if len(request) > messages.HANDOVER_MAX:
             return None  # a fresh child takes it (or spawn() says why not)
         errpipe, err_w = _error_pipe()
         try:
-            while children:
-                child = children.pop()
-                if child.gid is None and _proc_limits(child.pid) != self.limits:
-                    # Without a gid of its own, a process of its uid and gid
-                    # may have lowered its limits while it waited (an
-                    # unchanged one also compares them itself, at hand-over).
-                    self.tampered.append(child.pid)
-                    self._send_away(child)
-                    child.handover.close()
-                    continue
+            while (child := self.pools.waiting(name)) is not None:
                 try:
                     messages.send(child.handover, request, [*stdio, err_w])
                 except OSError:
                     # Died before its use (a child that dies young does so
                     # again: no refill for it; the fresh spawn reports why).
-                    self._send_away(child)
+                    self.pools.send_away(child)
                     continue
                 finally:
                     child.handover.close()
                 try:
-                    gid = self._gid(launch)
+                    gid = self.pools.gid(launch.session_gid)
                 except OSError:
                     pass  # no gid free: the pool shrinks by one
                 else:
@@ -295,21 +217,11 @@ class ZygoteProcess:
         os.close(errpipe)
         return None
 
-    def _send_away(self, child: Waiting) -> None:
-        self.retired.add(child.pid)
-        if child.gid is not None:
-            self.gid_of[child.pid] = child.gid
-
     def _pool(self, name: str, size: int, launch: Launch) -> None:
-        self._retire(name)
-        generation = next(self.generations)
-        gids: list[int | None] = []
-        try:
-            for _ in range(size):
-                gids.append(self._gid(launch))
-        except OSError:
-            if not gids:
-                return
+        new = self.pools.new(name, size, launch.session_gid)
+        if new is None:
+            return
+        generation, gids = new
         try:
             if self.requests is None:
                 self.start()
@@ -318,18 +230,12 @@ class ZygoteProcess:
         except (OSError, EOFError, ValueError):
             self.close()  # gives the outstanding gids back
             return
-        self.pools[name] = (generation, launch.confinement)
-
-    def _retire(self, name: str) -> None:
-        for child in self.ready.pop(name, []):
-            self._send_away(child)
-            child.handover.close()
-        self.pools.pop(name, None)
+        self.pools.running[name] = (generation, launch.confinement)
 
     def drain(self) -> None:
         """Every pool emptied and stopped (a reload)."""
-        for name in list(self.pools):
-            self._retire(name)
+        for name in list(self.pools.running):
+            self.pools.retire(name)
             if self.requests is not None:
                 try:
                     self._send(Drain(name))
@@ -338,25 +244,11 @@ class ZygoteProcess:
 
     def reaped(self, pid: int) -> bool:
         """Whether a reaped pid was a pooled child (or one sent away)."""
-        if pid in self.retired:
-            self.retired.discard(pid)
-            if self.gids is not None:
-                self.gids.release(self.gid_of.pop(pid, None))
-            return True
-        for children in self.ready.values():
-            for child in children:
-                if child.pid == pid:
-                    children.remove(child)
-                    child.handover.close()
-                    if self.gids is not None:
-                        self.gids.release(child.gid)
-                    return True
-        return False
+        return self.pools.reaped(pid)
 
     def owns(self, pid: int) -> bool:
         """Whether pid is the zygote or a pooled child (ready, or sent away unreaped)."""
-        return pid == self.pid or pid in self.retired or any(
-            child.pid == pid for children in self.ready.values() for child in children)
+        return pid == self.pid or self.pools.owns(pid)
 
     def receive(self) -> None:
         """Take in what the zygote announced (the events channel is readable)."""
@@ -375,28 +267,7 @@ class ZygoteProcess:
                 return False
             if message is None:
                 return False
-            self._announced(message, fds)
-
-    def _announced(self, message: tuple, fds: list[int]) -> None:
-        if isinstance(message, Unused):
-            for gid in message.gids:
-                self._returned(gid)
-        elif isinstance(message, (Pooled, PoolFailed)):
-            if message.helper:
-                self.retired.add(message.helper)  # reaped once the child has exec'd or exited
-            if (isinstance(message, Pooled) and len(fds) == 1
-                    and self.pools.get(message.name, (None,))[0] == message.generation):
-                if self.gids is not None:
-                    self.outstanding.discard(message.gid)
-                self.ready.setdefault(message.name, []).append(
-                    Waiting(message.pid, socket.socket(fileno=fds[0]), message.gid))
-                return
-            # failed, of a pool since replaced, or its socket lost (we are out of fds)
-            if message.pid:
-                self.retired.add(message.pid)
-            self._returned(message.gid, message.pid)
-        for fd in fds:
-            os.close(fd)
+            self.pools.announced(message, fds)
 
     def _reply(self) -> tuple:
         """The answer to the request just sent."""
@@ -428,7 +299,7 @@ class ZygoteProcess:
             os.close(fd)
         if isinstance(message, Forked):
             os.kill(message.pid, signal.SIGKILL)  # ours (CLONE_PARENT), not reaped yet: its pid
-            self.retired.add(message.pid)
+            self.pools.retired.add(message.pid)
 
     def close(self) -> None:
         """Close the channels and kill the zygote (unless it was reaped
@@ -444,14 +315,7 @@ class ZygoteProcess:
                 pass
         if self.requests is not None:
             self._late_answer()
-        for name in list(self.pools):
-            self._retire(name)
-        if self.gids is not None:
-            # Never to be announced: a child forked for one dies within
-            # moments (its pipe and hand-over socket are gone).
-            for gid in self.outstanding:
-                self.gids.release(gid)
-        self.outstanding.clear()
+        self.pools.close()
         if self.events is not None:
             self.selector.unregister(self.events)
             self.events.close()

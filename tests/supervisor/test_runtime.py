@@ -9,7 +9,6 @@ import json
 import os
 import pty
 import selectors
-import signal
 import socket
 import stat
 import subprocess
