@@ -156,12 +156,16 @@ def reset_io_priority() -> None:
 # CONFINE, its own steps, then LAST, and exec:
 #
 #   supervisor's child                 landlock-exec
+#   (a terminal as stdio: refused by    adoptable_terminals: refused unless
+#    the supervisor unless allowed)     --allow-terminal
 #   signals, request, stdio, close_fds  reset_scheduling (the zygote's children
 #                                       start reset: SCHED_RESET_ON_FORK, once)
 #   helper                              - (it hands its exec to nobody)
 #   setsid                              detach_terminal (setsid or TIOCNOTTY;
 #                                       not with --keep-session)
-#   CONFINE: keyring, privileges, confine
+#   CONFINE: keyring, privileges, confine (a supervisor's child has its
+#            session gid put in the Entry's credentials; landlock-exec takes
+#            --user's group: it runs one command, no sessions to keep apart)
 #   chdir + umask, pdeathsig            - (it runs where it was started, with
 #                                       its umask, and has no supervisor to die with)
 #   wait (a pooled child)               its report, the thread check, signals

@@ -187,6 +187,8 @@ class ZygoteProcess:
             self._pool(name, size, launch)
             return None
         self.receive()
+        if not self.pools.ready.get(name):
+            return None
         request = launch.request()
         if len(request) > messages.HANDOVER_MAX:
             return None  # a fresh child takes it (or spawn() says why not)
