@@ -4,8 +4,15 @@ Knows nothing of the supervisor; the supervisor builds on it. Names are
 imported on first use: a process that only enters prepared confinements
 (landlock.enter) stays free of the rest, which would slow its every fork.
 """
+from __future__ import annotations
+
 import importlib
-from typing import Any
+
+# Not typing itself at run time: the zygote imports this package, and every
+# module it holds makes each of its forks slower (mypy reads the name).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _EXPORTS = {
     "enforce": ("Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",

@@ -53,12 +53,11 @@ class Confinement:
         """The Report as JSON-ready data, built once: a fork-server sends it per child."""
         return self.report.to_dict()
 
-    def enter(self) -> None:
-        """A session keyring, privileges, rlimits, no_new_privs, then the Landlock domain."""
-        enter.join_session_keyring()
-        enter.drop_privileges(self.entry)
-        enter.set_rlimits(self.entry)
-        enter.restrict(self.entry, self.ruleset.fd)
+    def enter(self, steps: tuple[enter.Step, ...] = enter.STEPS) -> None:
+        """enter.STEPS: a session keyring, privileges, no_new_privs and the
+        Landlock domain, then rlimits."""
+        for _stage, step in steps:
+            step(self.entry, self.ruleset.fd)
 
     def close(self) -> None:
         self.ruleset.close()
@@ -91,6 +90,10 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
 
 def apply(spec: Spec) -> Report:
     """Confine the calling process, which must have exactly one thread."""
+    return _enter(spec, enter.STEPS).report
+
+
+def _enter(spec: Spec, steps: tuple[enter.Step, ...]) -> Confinement:
     threads = thread_count()
     if threads != 1:
         raise NotSingleThreaded(
@@ -98,11 +101,11 @@ def apply(spec: Spec) -> Report:
             "Landlock would confine only the calling one")
     confinement = prepare(spec)
     try:
-        confinement.enter()
+        confinement.enter(steps)
     finally:
         confinement.close()
     confinement.report.tid = syscalls.gettid() if confinement.report.enforced else 0
-    return confinement.report
+    return confinement
 
 
 def detach_terminal() -> bool:
@@ -215,7 +218,7 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
         enter.reset_scheduling()
         if new_session:
             detach_terminal()
-        report = apply(spec)
+        confinement = _enter(spec, enter.CONFINE)
     except SpecError as e:
         _fail(EXIT_USAGE, str(e))
     except LandlockUnavailable as e:
@@ -224,6 +227,7 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
         _fail(EXIT_THREADS, str(e))
     except OSError as e:
         _fail(EXIT_UNAVAILABLE, f"confinement failed: {e}")
+    report = confinement.report
     warning = _root_warning(spec, report)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -237,6 +241,10 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
     # across execve. The target gets the defaults, as subprocess gives them.
     for sig in _PYTHON_IGNORED:
         signal.signal(sig, signal.SIG_DFL)
+    try:
+        confinement.enter(enter.LAST)
+    except OSError as e:
+        _fail(EXIT_UNAVAILABLE, f"confinement failed: {e}")
     try:
         os.execve(program, argv, env)
     except FileNotFoundError:

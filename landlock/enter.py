@@ -11,6 +11,7 @@ import collections
 import errno
 import os
 import resource
+from collections.abc import Callable
 
 import _prctl
 import prctl
@@ -25,6 +26,8 @@ from . import syscalls
 # restrict_flags: landlock_restrict_self() flags.
 Entry = collections.namedtuple(
     "Entry", "credentials drop_capabilities lock_securebits rlimits restrict_flags")
+# (stage, step(entry, ruleset_fd)): the stage names a failure (see STEPS).
+Step = tuple[str, Callable[[Entry, int], None]]
 
 # No fixups on uid changes, no caps for uid 0 on exec, and nobody (not even
 # this process) may unset that.
@@ -93,7 +96,7 @@ def restrict(entry: Entry, ruleset_fd: int) -> None:
 
 
 def set_rlimits(entry: Entry) -> None:
-    """Last before exec: a memory limit can break the Python that sets it."""
+    """Last before exec (STEPS): a memory limit can break the Python that sets it."""
     for res, soft, hard in entry.rlimits:
         resource.setrlimit(res, (soft, hard))
 
@@ -145,3 +148,39 @@ def reset_io_priority() -> None:
     except OSError as e:
         if e.errno not in _NO_IOPRIO:
             raise
+
+
+# The steps that confine a process, in order, for both of its paths: a
+# supervisor's child (supervisor/zygote/child.py) and landlock-exec
+# (enforce.exec_confined; enforce.apply takes STEPS whole). Each path runs
+# CONFINE, its own steps, then LAST, and exec:
+#
+#   supervisor's child                 landlock-exec
+#   (a terminal as stdio: refused by    adoptable_terminals: refused unless
+#    the supervisor unless allowed)     --allow-terminal
+#   signals, request, stdio, close_fds  reset_scheduling (the zygote's children
+#                                       start reset: SCHED_RESET_ON_FORK, once)
+#   helper                              - (it hands its exec to nobody)
+#   setsid                              detach_terminal (setsid or TIOCNOTTY;
+#                                       not with --keep-session)
+#   CONFINE: keyring, privileges, confine (a supervisor's child has its
+#            session gid put in the Entry's credentials; landlock-exec takes
+#            --user's group: it runs one command, no sessions to keep apart)
+#   chdir + umask, pdeathsig            - (it runs where it was started, with
+#                                       its umask, and has no supervisor to die with)
+#   wait (a pooled child)               its report, the thread check, signals
+#   LAST: rlimits
+#   exec                                exec
+#
+# keyring before privileges: the new keyring is charged to the caller's key
+# quota, not the target user's; rlimits last: a memory or NOFILE limit can
+# break the Python still running.
+CONFINE: tuple[Step, ...] = (
+    ("keyring", lambda entry, ruleset_fd: join_session_keyring()),
+    ("privileges", lambda entry, ruleset_fd: drop_privileges(entry)),
+    ("confine", lambda entry, ruleset_fd: restrict(entry, ruleset_fd)),
+)
+LAST: tuple[Step, ...] = (
+    ("rlimits", lambda entry, ruleset_fd: set_rlimits(entry)),
+)
+STEPS = CONFINE + LAST

@@ -165,7 +165,7 @@ def tagged(tag: str) -> list[int]:
 
 def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
     """The supervisor's fd count once no client connection is open: its
-    listener and its zygote's channel. Ruleset fds and the pools' hand-over
+    listener and its zygote's two channels. Ruleset fds and the pools' hand-over
     sockets are bounded caches that SIGHUP empties: not counted."""
     deadline = time.monotonic() + timeout
     while True:
@@ -179,7 +179,7 @@ def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
             except OSError:
                 pass
         settled = pooled == sum(client.stats()["pooled"].values())
-        if settled and sum(t.startswith("socket:") for t in targets) <= 2 + pooled \
+        if settled and sum(t.startswith("socket:") for t in targets) <= 3 + pooled \
                 and not any("pidfd" in t for t in targets):
             return len(targets) - pooled
         if time.monotonic() > deadline:

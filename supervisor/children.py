@@ -14,15 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import procfs, protocol, reap, spawn, survivors
+from . import procfs, protocol, reap, survivors
 from .connections import Connection, Connections
 from .errors import Code, Refused
 from .limits import Limits
 from .log import log
 from .loop import Loop, Periodic, Timer
 from .manifest import Manifest
+from .zygote.messages import ChildFailure
+from .zygote.pools import Gids
+from .zygote.process import Launch, ZygoteProcess
 
-Retry = tuple[spawn.Launch, list[int]]
+Retry = tuple[Launch, list[int]]
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Session:
 
 
 class Children:
-    def __init__(self, loop: Loop, zygote: spawn.Zygote, gids: spawn.Gids | None, connections: Connections,
+    def __init__(self, loop: Loop, zygote: ZygoteProcess, gids: Gids | None, connections: Connections,
                  limits: Limits, stats: dict[str, int], records: survivors.Records, tick: Periodic) -> None:
         self.loop, self.zygote, self.gids, self.connections = loop, zygote, gids, connections
         self.limits, self.stats, self.records, self.tick = limits, stats, records, tick
@@ -60,7 +63,7 @@ class Children:
 
     # ---- starting ---------------------------------------------------------
 
-    def start(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+    def start(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
         """A child for launch: a pooled one if ready, else a fresh fork. Closes stdio, or keeps it
         with the session until a pooled child's exec."""
         conn.deadline = None
@@ -87,7 +90,7 @@ class Children:
             protocol.close_all(stdio)
         self._track(conn, m, launch, pid, errpipe, gid, retry)
 
-    def _fresh(self, conn: Connection, m: Manifest, launch: spawn.Launch, stdio: list[int]) -> None:
+    def _fresh(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
         """A fresh child for the request: the zygote forks it. Closes stdio."""
         try:
             try:
@@ -95,10 +98,7 @@ class Children:
             except OSError as e:
                 raise Refused(Code.TOO_MANY_CHILDREN, str(e)) from None
             try:
-                pid, errpipe = self.zygote.spawn(launch, stdio, gid)
-            except spawn.NoErrorPipe as e:
-                self.release_gid(gid)
-                raise Refused(Code.SPAWN_FAILED, f"{m.name}: {e.strerror}; the child was killed") from None
+                pid, errpipe, gid = self.zygote.spawn(launch, stdio, gid)
             except OSError as e:
                 self.release_gid(gid)
                 if e.errno in (errno.EMFILE, errno.ENFILE):
@@ -111,7 +111,7 @@ class Children:
             protocol.close_all(stdio)
         self._track(conn, m, launch, pid, errpipe, gid, None)
 
-    def _track(self, conn: Connection, m: Manifest, launch: spawn.Launch, pid: int, errpipe: int,
+    def _track(self, conn: Connection, m: Manifest, launch: Launch, pid: int, errpipe: int,
                gid: int | None, retry: Retry | None) -> None:
         previous = self.sessions.get(pid)
         if previous is not None:
@@ -139,13 +139,13 @@ class Children:
         os.close(session.errpipe)
         session.errpipe = -1
         retry, session.retry = session.retry, None
-        if data and retry is not None and spawn.read_error(data).stage == "tampered":
+        if data and retry is not None and ChildFailure.decode(data).stage == "tampered":
             self._replace_tampered(session, *retry)
             return
         if retry is not None:
             protocol.close_all(retry[1])
         if data:
-            error = spawn.read_error(data)
+            error = ChildFailure.decode(data)
             self.stats["failed"] += 1
             self.connections.send(session.conn, {"event": "error", "code": Code.SPAWN_FAILED, "stage": error.stage,
                                                  "errno": error.errno, "error": f"{session.manifest.name}: {error}",
@@ -165,7 +165,7 @@ class Children:
         elif session.kill_reason in ("client_gone", "shutdown"):
             self.terminate(session, session.kill_reason)
 
-    def _replace_tampered(self, session: Session, launch: spawn.Launch, stdio: list[int]) -> None:
+    def _replace_tampered(self, session: Session, launch: Launch, stdio: list[int]) -> None:
         """A pooled child whose limits were changed while it waited (it
         said so and exits): the request goes to a fresh child, the client
         none the wiser."""

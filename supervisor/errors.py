@@ -1,7 +1,8 @@
-"""Every wire error code with its meaning, the child's failure stages, and the exceptions server and clients share.
+"""Every wire error code with its meaning, and the exceptions server and clients share.
 
 Imports nothing but enum: clients load it (docs/protocol.md's table is
-checked against Code, its stage list against CHILD_STAGES).
+checked against Code; its stage list against supervisor.zygote.child.STAGES,
+the one list, which the child itself walks).
 """
 from __future__ import annotations
 
@@ -49,13 +50,6 @@ class Code(str, Enum):
 # The asker's own mistake (a usage error for `landlock-supervisor run`), not the supervisor's state.
 USAGE_CODES = frozenset({Code.BAD_REQUEST, Code.BAD_VERSION, Code.BAD_OP, Code.BAD_FDS, Code.BAD_SIGNAL,
                          Code.BAD_SPEC, Code.ARGS_REFUSED, Code.ENV_REFUSED})
-
-# Where a child failed before exec, in the order it takes them: the first
-# field of "stage:errno:message" on its error pipe (the zygote's child
-# writes them; docs/protocol.md lists them).
-CHILD_STAGES = ("signals", "request", "stdio", "close_fds", "helper", "setsid", "keyring", "privileges",
-                "chdir", "pdeathsig", "confine", "wait", "tampered", "rlimits", "exec")
-
 
 class SupervisorError(Exception):
     """Base of the supervisor's own errors; `code` says why in a word."""

@@ -2,7 +2,7 @@
 
 One thread, one selectors loop, for its whole life. A spawn goes one way:
 connections -> handler -> policy.admit/plan_spawn -> confinements -> zygote
-(spawn.Zygote) -> children -> events back through connections.
+(zygote.process.ZygoteProcess) -> children -> events back through connections.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import prctl
 
 import landlock
 
-from . import ids, listener, namespaces, peers, policy, procfs, spawn, state
+from . import ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
@@ -30,6 +30,8 @@ from .loop import Loop, Periodic
 from .manifest import Manifest, ManifestError
 from .paths import default_socket_path
 from .survivors import Records
+from .zygote.pools import Gids
+from .zygote.process import Launch, ZygoteProcess
 
 __all__ = ["Config", "Limits", "Supervisor"]
 
@@ -73,8 +75,8 @@ class Supervisor:
         self.owned_socket_path: str | None = None   # bound here: removed at the end
         self.isolation: namespaces.Isolation | None = None
         self.confinements = Confinements()
-        self.gids = spawn.Gids(*config.session_gids) if config.session_gids else None
-        self.zygote = spawn.Zygote(self.loop.selector, self.gids, self.own.nofile_start)
+        self.gids = Gids(*config.session_gids) if config.session_gids else None
+        self.zygote = ZygoteProcess(self.loop.selector, self.gids, self.own.nofile_start)
         # Every second while a connection has a deadline or a child runs.
         tick = Periodic(self.loop, 1.0, self._tick)
         self.connections = Connections(self.loop, self.limits, self.own, config.allow_uids, config.allow_gids,
@@ -224,8 +226,8 @@ class Supervisor:
         check_stdio(fds, m)
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
-        launch = spawn.Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
-                              self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
+        launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
+                        self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
         self.own.check()
         self.children.start(conn, m, launch, fds)
 

@@ -119,12 +119,12 @@ class Supervisor:
         return out
 
     def idle_fds(self, timeout: float = 5) -> dict[int, str]:
-        """Its fds once no connection is open (two sockets: the listener and
-        the zygote's channel; no peer pidfd). Fails if it does not get there
-        in time."""
+        """Its fds once no connection is open (three sockets: the listener and
+        the zygote's two channels; no peer pidfd). Fails if it does not get
+        there in time."""
         def idle() -> bool:
             targets = list(self.fds().values())
-            return (sum(t.startswith("socket:") for t in targets) == 2
+            return (sum(t.startswith("socket:") for t in targets) == 3
                     and not any("pidfd" in t for t in targets))
         assert wait_until(idle, timeout), f"never idle: {self.fds()}"
         return self.fds()

@@ -319,12 +319,12 @@ def test_supervisor_killed_takes_zygote_and_pool(pooled):
 
 def test_zygote_holds_nothing_of_the_supervisor(sv):
     """No environment, no fd of the supervisor's but its stdio and its own
-    channel (and /proc/self/stat, for the thread check)."""
+    channels, requests and events (and /proc/self/stat, for the thread check)."""
     zygote = sv.client.stats()["zygote"]
     with open(f"/proc/{zygote}/environ", "rb") as f:
         assert f.read() == b""
     fds = {int(fd): os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
     ours = {fd: target for fd, target in sv.fds().items() if fd <= 2}
     assert {fd: fds[fd] for fd in (0, 1, 2)} == ours
-    assert fds[3].startswith("socket:")
-    assert sorted(fds) == [0, 1, 2, 3, 4] and fds[4] == f"/proc/{zygote}/stat", fds
+    assert fds[3].startswith("socket:") and fds[4].startswith("socket:")
+    assert sorted(fds) == [0, 1, 2, 3, 4, 5] and fds[5] == f"/proc/{zygote}/stat", fds

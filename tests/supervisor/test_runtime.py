@@ -4,11 +4,11 @@ kept out of the zygote, idle connections closed after their child's exit,
 terminals refused as stdio."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pty
 import selectors
-import signal
 import socket
 import stat
 import subprocess
@@ -329,40 +329,44 @@ def test_terminal_refused_as_stdio_unless_the_manifest_takes_one(lab):
             os.close(fd)
 
 
-# ---- a fork whose error pipe cannot be received --------------------------------------------
+# ---- a child whose error pipe cannot be made --------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_forked_reply_without_its_error_pipe_kills_the_child(monkeypatch):
-    """At the fd limit the zygote's `forked` reply arrives without its fd:
-    the child is killed (never left running untracked) and NoErrorPipe
-    raised; the supervisor answers it with spawn_failed."""
-    from supervisor import spawn
-    victim = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
-    z = spawn.Zygote(selectors.DefaultSelector())
+def test_no_fd_for_the_error_pipe_forks_nothing(monkeypatch):
+    """At the fd limit the supervisor cannot make a child's error pipe (it
+    makes them all, fresh or pooled): the zygote is not asked, so no child
+    is left running untracked, and the zygote is kept; the supervisor
+    answers the EMFILE with spawn_failed (below)."""
+    from supervisor.zygote import process
+    z = process.ZygoteProcess(selectors.DefaultSelector())
+    sent = []
 
     class Channel:
         def sendmsg(self, *args):
+            sent.append(args)
             return 0
-    z.channel = Channel()
-    monkeypatch.setattr(z, "_reply", lambda: ("forked", victim.pid))
-    launch = spawn.Launch("/bin/true", ["/bin/true"], {}, "/", 0o77,
-                          type("C", (), {"ruleset": type("R", (), {"fd": -1})(), "entry": ()})())
-    with pytest.raises(spawn.NoErrorPipe):
+    z.requests = channel = Channel()
+
+    def no_fds(flags):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    monkeypatch.setattr(process.os, "pipe2", no_fds)
+    launch = process.Launch("/bin/true", ["/bin/true"], {}, "/", 0o77,
+                            type("C", (), {"ruleset": type("R", (), {"fd": -1})(), "entry": ()})())
+    with pytest.raises(OSError) as e:
         z.spawn(launch, [0, 1, 2], None)
-    assert victim.wait(5) == -signal.SIGKILL
-    assert victim.pid in z.retired
-    z.channel = None
+    assert e.value.errno == errno.EMFILE and not sent and z.requests is channel
+    z.requests = None
 
 
 @pytest.mark.timeout(30)
-def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
-    from supervisor import peers, spawn
+def test_out_of_fds_for_the_error_pipe_is_spawn_failed(lab, monkeypatch):
+    from supervisor import peers
     lab.stock()
     sv = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)], state_root=str(lab.state_root),
                                          session_gids=(1879113728, 1879113730), allow_root_servers=True))
 
     def fake_spawn(launch, stdio, gid=None):
-        raise spawn.NoErrorPipe(24, "the supervisor is out of file descriptors")
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
     monkeypatch.setattr(sv.zygote, "spawn", fake_spawn)
     sent = []
     monkeypatch.setattr(sv.connections, "send", lambda conn, message: sent.append(message))
@@ -372,7 +376,7 @@ def test_no_error_pipe_is_spawn_failed(lab, monkeypatch):
         fds = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
         with pytest.raises(Refused) as e:
             sv._spawn(conn, {"v": 1, "op": "spawn", "manifest": "true"}, fds)
-        assert e.value.code == "spawn_failed" and "killed" in str(e.value)
+        assert e.value.code == "spawn_failed" and "out of file descriptors" in str(e.value)
         assert not sv.children.sessions and not sv.gids.used and fds == []
     finally:
         a.close()

@@ -7,7 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from supervisor.errors import CHILD_STAGES, Code, Refused
+from supervisor.errors import Code, Refused
+from supervisor.zygote.child import STAGES
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 
@@ -20,10 +21,10 @@ def test_code_table_matches_the_enum():
 
 
 def test_stage_list_matches_the_tuple():
-    start = DOC.index("The stages, in the child's order:")
+    start = DOC.index("The stages, in the child's order")
     paragraph = DOC[start:DOC.index("\n\n", start)]
     without_asides = re.sub(r"\([^)]*\)", "", paragraph)
-    assert tuple(re.findall(r"`([a-z_]+)`", without_asides)) == CHILD_STAGES
+    assert tuple(re.findall(r"`([a-z_]+)`", without_asides)) == STAGES
 
 
 def test_a_code_is_its_wire_string():

@@ -1,0 +1,194 @@
+"""The supervisor's record of its pooled children: the pools running, the children ready for a request, those sent away, and the session gids of all of them."""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import socket
+from dataclasses import dataclass
+
+import landlock
+
+from .messages import Pooled, PoolFailed, Unused
+
+
+class Gids:
+    """A root supervisor's session gids: each child gets one no other live
+    process has, so that prlimit(2), which needs the caller's uid and gid to
+    match the target's, fails between sessions and against every root
+    process. Handed out round the range: a released gid comes back last,
+    long after any leftover of its session is gone."""
+
+    def __init__(self, first: int, last: int) -> None:
+        if not 0 < first <= last:
+            raise ValueError(f"session gids {first}-{last}: expected 0 < FIRST <= LAST")
+        self.first, self.last = first, last
+        self.next = first
+        self.used: set[int] = set()
+
+    def take(self) -> int:
+        size = self.last - self.first + 1
+        if len(self.used) >= size:
+            raise OSError(errno.EAGAIN, f"all {size} session gids are in use")
+        while self.next in self.used:
+            self.next = self.first if self.next >= self.last else self.next + 1
+        gid = self.next
+        self.next = self.first if gid >= self.last else gid + 1
+        self.used.add(gid)
+        return gid
+
+    def release(self, gid: int | None) -> None:
+        if gid is not None:
+            self.used.discard(gid)
+
+
+@dataclass
+class Waiting:
+    """A child the zygote forked ahead, confined, waiting for its request."""
+    pid: int
+    handover: socket.socket   # at its EOF the child exits unused
+    gid: int | None = None    # its session gid
+
+
+def proc_limits(pid: int) -> bytes | None:
+    """/proc/PID/limits: readable by anyone, where prlimit(2) of another
+    uid or gid would need CAP_SYS_RESOURCE."""
+    try:
+        fd = os.open(f"/proc/{pid}/limits", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 8192)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class Pools:
+    """With `gids`, every pooled child is forked with a session gid of its
+    own, taken here and given back when it is reaped (or never forked)."""
+
+    def __init__(self, gids: Gids | None) -> None:
+        self.gids = gids
+        self.generations = itertools.count(1)
+        self.running: dict[str, tuple[int, landlock.Confinement]] = {}   # name -> (generation, what it enters)
+        self.ready: dict[str, list[Waiting]] = {}
+        self.retired: set[int] = set()  # sent away unused: reaped, not orphans
+        self.gid_of: dict[int, int] = {}  # pooled children sent away: their gids, until reaped
+        self.outstanding: set[int] = set()  # gids sent to the zygote for children not yet announced
+        self.limits = b""   # /proc/<zygote>/limits: what a pooled child has until its hand-over
+        self.tampered: list[int] = []  # pooled children found with other limits, sent away (the caller logs them)
+
+    def gid(self, wanted: bool) -> int | None:
+        """A session gid for a pooled child (if `wanted`); raises OSError when none is free."""
+        if self.gids is None or not wanted:
+            return None
+        gid = self.gids.take()
+        self.outstanding.add(gid)
+        return gid
+
+    def returned(self, gid: int | None, pid: int = 0) -> None:
+        """The zygote spoke of gid: a child pid has it (until reaped), or nobody."""
+        if gid is None or self.gids is None:
+            return
+        self.outstanding.discard(gid)
+        if pid:
+            self.gid_of[pid] = gid
+        else:
+            self.gids.release(gid)
+
+    def new(self, name: str, size: int, wanted_gids: bool) -> tuple[int, list[int | None]] | None:
+        """A new generation of pool `name` replaces the old one: its
+        generation and a gid for each child to fork, or None when no gid is free."""
+        self.retire(name)
+        gids: list[int | None] = []
+        try:
+            for _ in range(size):
+                gids.append(self.gid(wanted_gids))
+        except OSError:
+            if not gids:
+                return None
+        return next(self.generations), gids
+
+    def waiting(self, name: str) -> Waiting | None:
+        """A ready child of pool `name`, now the caller's; the ones whose
+        limits changed while they waited are sent away."""
+        children = self.ready.get(name, [])
+        while children:
+            child = children.pop()
+            if child.gid is None and proc_limits(child.pid) != self.limits:
+                # Without a gid of its own, a process of its uid and gid
+                # may have lowered its limits while it waited (an
+                # unchanged one also compares them itself, at hand-over).
+                self.tampered.append(child.pid)
+                self.send_away(child)
+                child.handover.close()
+                continue
+            return child
+        return None
+
+    def send_away(self, child: Waiting) -> None:
+        self.retired.add(child.pid)
+        if child.gid is not None:
+            self.gid_of[child.pid] = child.gid
+
+    def retire(self, name: str) -> None:
+        for child in self.ready.pop(name, []):
+            self.send_away(child)
+            child.handover.close()
+        self.running.pop(name, None)
+
+    def announced(self, message: tuple, fds: list[int]) -> None:
+        """What the zygote said on its events channel."""
+        if isinstance(message, Unused):
+            for gid in message.gids:
+                self.returned(gid)
+        elif isinstance(message, (Pooled, PoolFailed)):
+            if message.helper:
+                self.retired.add(message.helper)  # reaped once the child has exec'd or exited
+            if (isinstance(message, Pooled) and len(fds) == 1
+                    and self.running.get(message.name, (None,))[0] == message.generation):
+                if self.gids is not None:
+                    self.outstanding.discard(message.gid)
+                self.ready.setdefault(message.name, []).append(
+                    Waiting(message.pid, socket.socket(fileno=fds[0]), message.gid))
+                return
+            # failed, of a pool since replaced, or its socket lost (we are out of fds)
+            if message.pid:
+                self.retired.add(message.pid)
+            self.returned(message.gid, message.pid)
+        for fd in fds:
+            os.close(fd)
+
+    def reaped(self, pid: int) -> bool:
+        """Whether a reaped pid was a pooled child (or one sent away)."""
+        if pid in self.retired:
+            self.retired.discard(pid)
+            if self.gids is not None:
+                self.gids.release(self.gid_of.pop(pid, None))
+            return True
+        for children in self.ready.values():
+            for child in children:
+                if child.pid == pid:
+                    children.remove(child)
+                    child.handover.close()
+                    if self.gids is not None:
+                        self.gids.release(child.gid)
+                    return True
+        return False
+
+    def owns(self, pid: int) -> bool:
+        """Whether pid is a pooled child (ready, or sent away unreaped)."""
+        return pid in self.retired or any(child.pid == pid for children in self.ready.values() for child in children)
+
+    def close(self) -> None:
+        """The zygote is gone: every pool with it."""
+        for name in list(self.running):
+            self.retire(name)
+        if self.gids is not None:
+            # Never to be announced: a child forked for one dies within
+            # moments (its pipe and hand-over socket are gone).
+            for gid in self.outstanding:
+                self.gids.release(gid)
+        self.outstanding.clear()

@@ -1,0 +1,345 @@
+"""ZygoteProcess, the supervisor's handle on its zygote: start and restart, spawn, pools, hand-over to pooled children.
+
+Everything is computed in the supervisor (argv, environment, the
+Confinement with its ruleset fd, each child's error pipe); the zygote
+(zygote.main) forks, and the child (zygote.child) makes its system calls in
+a fixed order and leaves by exec or os._exit. A failure travels back over
+the close-on-exec error pipe as a messages.ChildFailure; EOF on it means
+exec succeeded.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import select
+import selectors
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import _prctl
+import prctl
+
+import landlock
+
+from . import messages
+from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
+from .pools import Gids, Pools, Waiting, proc_limits
+
+_BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
+_REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
+
+
+@dataclass
+class Launch:
+    program: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    umask: int
+    confinement: landlock.Confinement
+    pool: tuple[str, int] | None = None   # (manifest, size): a pool of its children may serve this
+    session_gid: bool = False             # each child gets a gid of its own (see Gids)
+
+    def request(self) -> bytes:
+        """What the child reads after the fork: argv and env never enter the zygote."""
+        return messages.encode(Request(self.argv, self.env))
+
+    def ruleset_fds(self) -> list[int]:
+        return [self.confinement.ruleset.fd] if self.confinement.ruleset.fd >= 0 else []
+
+
+class Started(NamedTuple):
+    """A child forked for a request, fresh or pooled."""
+    pid: int
+    errpipe: int         # the read end of its error pipe: EOF at exec, else a ChildFailure
+    gid: int | None      # its session gid, the caller's to give back once the child is reaped
+
+
+def import_paths() -> list[str]:
+    """The zygote runs with -S: no site, so no site-packages; where each of
+    its imports lives, instead."""
+    return list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
+        os.path.dirname(os.path.dirname(__file__)), os.path.dirname(landlock.__file__), prctl.__file__,
+        _prctl.__file__)))
+
+
+def _error_pipe() -> tuple[int, int]:
+    """A child's error pipe, made here for every child, fresh or pooled:
+    close-on-exec at both ends, so the read end sees EOF at exec."""
+    return os.pipe2(os.O_CLOEXEC)
+
+
+class ZygoteProcess:
+    """The supervisor's handle on its zygote and on the pooled children it
+    forked. A spawn without a pool is one request answered before the next
+    (a fork takes well under a millisecond), so a child's pid is known
+    before its SIGCHLD can be handled; pooled children arrive on their own
+    (on the events channel, watched by the selector) and are handed their
+    request by the supervisor, the zygote not involved (their record:
+    pools.Pools; `ready`, `retired` and `tampered` are its)."""
+
+    def __init__(self, selector: selectors.BaseSelector, gids: Gids | None = None,
+                 nofile: tuple[int, int] | None = None) -> None:
+        self.selector = selector
+        self.nofile = nofile    # the zygote's NOFILE limit, so its children's: the supervisor's before it raised it
+        self.pid: int | None = None
+        self.requests: socket.socket | None = None   # see messages
+        self.events: socket.socket | None = None
+        self.pools = Pools(gids)
+        self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
+
+    @property
+    def ready(self) -> dict[str, list[Waiting]]:
+        return self.pools.ready
+
+    @property
+    def retired(self) -> set[int]:
+        return self.pools.retired
+
+    @property
+    def tampered(self) -> list[int]:
+        return self.pools.tampered
+
+    def start(self) -> None:
+        kind = socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+        requests, their_requests = socket.socketpair(*kind)
+        events, their_events = socket.socketpair(*kind)
+        try:
+            # A fresh interpreter, not a fork of ours: small, and nothing of
+            # the supervisor's in it. Its own session: a terminal's ^C is the
+            # supervisor's to handle. No environment: children get theirs.
+            self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *import_paths()], {},
+                                      file_actions=[
+                                          (os.POSIX_SPAWN_DUP2, their_requests.fileno(), messages.REQUESTS_FD),
+                                          (os.POSIX_SPAWN_DUP2, their_events.fileno(), messages.EVENTS_FD)],
+                                      setsid=True, setsigmask=())
+        except OSError:
+            requests.close()
+            events.close()
+            raise
+        finally:
+            their_requests.close()
+            their_events.close()
+        self.requests, self.events = requests, events
+        self.selector.register(events, selectors.EVENT_READ, lambda key: self.receive())
+        reply = self._reply()
+        if not isinstance(reply, Ready):
+            raise OSError(errno.EPROTO, f"the zygote said {reply!r} at start")
+        if self.nofile is not None:
+            # Before its first fork (it forks only when asked).
+            resource.prlimit(self.pid, resource.RLIMIT_NOFILE, self.nofile)
+        self.pools.limits = proc_limits(self.pid) or b""
+
+    def spawn(self, launch: Launch, stdio: list[int], gid: int | None = None) -> Started:
+        """Fork a child for launch (with session gid `gid`). Raises OSError
+        when the fork fails (EAGAIN, ENOMEM), the zygote is gone twice, or
+        the supervisor is out of fds for the child's error pipe (EMFILE)."""
+        request = launch.request()
+        if len(request) > messages.MAX_MESSAGE:
+            raise OSError(errno.E2BIG, f"argv and environment exceed {messages.MAX_MESSAGE // 1024} KiB")
+        # The child reads argv and env from here after the fork: they never
+        # enter the zygote, whose memory every later child copies.
+        memfd = os.memfd_create("spawn-request", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(request)
+            while view:
+                view = view[os.write(memfd, view):]
+            message = Spawn(launch.program, launch.cwd, launch.umask, launch.confinement.entry, gid, len(request))
+            retried = False
+            while True:
+                errpipe, err_w = _error_pipe()   # a new one each time: the first zygote may have forked
+                try:
+                    if self.requests is None:
+                        self.start()
+                    self._send(message, [*stdio, memfd, err_w, *launch.ruleset_fds()])
+                    reply = self._reply()
+                except (OSError, EOFError, ValueError) as e:
+                    os.close(errpipe)
+                    self.close()
+                    if retried:
+                        raise OSError(getattr(e, "errno", 0) or 0, f"the zygote is gone: {e}") from None
+                    retried = True
+                    continue
+                finally:
+                    os.close(err_w)
+                break
+        finally:
+            os.close(memfd)
+        if isinstance(reply, Forked):
+            return Started(reply.pid, errpipe, gid)
+        os.close(errpipe)
+        if isinstance(reply, ForkFailed):
+            raise OSError(reply.errno, reply.message)
+        raise OSError(errno.EPROTO, f"the zygote said {reply!r}")
+
+    def take(self, launch: Launch, stdio: list[int]) -> Started | None:
+        """Hand the request to a pooled child of launch.pool, or None when
+        none is ready (the pool is set up, or replaced when its
+        confinement changed, for the next spawns)."""
+        assert launch.pool is not None
+        name, size = launch.pool
+        generation, confinement = self.pools.running.get(name, (0, None))
+        if confinement is not launch.confinement:
+            self._pool(name, size, launch)
+            return None
+        self.receive()
+        if not self.pools.ready.get(name):
+            return None
+        request = launch.request()
+        if len(request) > messages.HANDOVER_MAX:
+            return None  # a fresh child takes it (or spawn() says why not)
+        errpipe, err_w = _error_pipe()
+        try:
+            while (child := self.pools.waiting(name)) is not None:
+                try:
+                    messages.send(child.handover, request, [*stdio, err_w])
+                except OSError:
+                    # Died before its use (a child that dies young does so
+                    # again: no refill for it; the fresh spawn reports why).
+                    self.pools.send_away(child)
+                    continue
+                finally:
+                    child.handover.close()
+                try:
+                    gid = self.pools.gid(launch.session_gid)
+                except OSError:
+                    pass  # no gid free: the pool shrinks by one
+                else:
+                    try:
+                        self._send(Refill(name, generation, gid))
+                    except OSError:
+                        self.close()
+                return Started(child.pid, errpipe, child.gid)
+        finally:
+            os.close(err_w)
+        os.close(errpipe)
+        return None
+
+    def _pool(self, name: str, size: int, launch: Launch) -> None:
+        new = self.pools.new(name, size, launch.session_gid)
+        if new is None:
+            return
+        generation, gids = new
+        try:
+            if self.requests is None:
+                self.start()
+            self._send(Pool(launch.program, launch.cwd, launch.umask, launch.confinement.entry,
+                            name, generation, tuple(gids)), launch.ruleset_fds())
+        except (OSError, EOFError, ValueError):
+            self.close()  # gives the outstanding gids back
+            return
+        self.pools.running[name] = (generation, launch.confinement)
+
+    def drain(self) -> None:
+        """Every pool emptied and stopped (a reload)."""
+        for name in list(self.pools.running):
+            self.pools.retire(name)
+            if self.requests is not None:
+                try:
+                    self._send(Drain(name))
+                except OSError:
+                    self.close()
+
+    def reaped(self, pid: int) -> bool:
+        """Whether a reaped pid was a pooled child (or one sent away)."""
+        return self.pools.reaped(pid)
+
+    def owns(self, pid: int) -> bool:
+        """Whether pid is the zygote or a pooled child (ready, or sent away unreaped)."""
+        return pid == self.pid or self.pools.owns(pid)
+
+    def receive(self) -> None:
+        """Take in what the zygote announced (the events channel is readable)."""
+        if self.events is not None and not self._collect():
+            self.close()
+
+    def _collect(self) -> bool:
+        """Read the zygote's announcements; False at the channel's end."""
+        assert self.events is not None
+        while True:
+            try:
+                message, fds = messages.receive(self.events, 4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except (OSError, ValueError):
+                return False
+            if message is None:
+                return False
+            self.pools.announced(message, fds)
+
+    def _reply(self) -> tuple:
+        """The answer to the request just sent."""
+        assert self.requests is not None
+        poller = select.poll()  # not select(): the supervisor's fds may pass 1023
+        poller.register(self.requests, select.POLLIN)
+        if not poller.poll(_REPLY_TIMEOUT * 1000):
+            raise TimeoutError("the zygote did not answer")
+        message, fds = messages.receive(self.requests, 4096)
+        for fd in fds:
+            os.close(fd)
+        if message is None:
+            raise EOFError("EOF from the zygote")
+        return message
+
+    def _send(self, message: tuple, fds: list[int] | None = None) -> None:
+        assert self.requests is not None
+        messages.send(self.requests, message, fds or [])
+
+    def _late_answer(self) -> None:
+        """A spawn given up on (the zygote did not answer in time) may have
+        forked after all: nobody's child, killed."""
+        assert self.requests is not None
+        try:
+            message, fds = messages.receive(self.requests, 4096, socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            return
+        for fd in fds:
+            os.close(fd)
+        if isinstance(message, Forked):
+            os.kill(message.pid, signal.SIGKILL)  # ours (CLONE_PARENT), not reaped yet: its pid
+            self.pools.retired.add(message.pid)
+
+    def close(self) -> None:
+        """Close the channels and kill the zygote (unless it was reaped
+        already); the pooled children exit at EOF on their hand-over sockets;
+        the next spawn starts another zygote."""
+        if self.events is not None:
+            try:
+                # The zygote may have died with pooled children announced
+                # but not yet read (its SIGCHLD handled first): read them,
+                # so that they are reaped as ours, not as orphans.
+                self._collect()
+            except OSError:
+                pass
+        if self.requests is not None:
+            self._late_answer()
+        self.pools.close()
+        if self.events is not None:
+            self.selector.unregister(self.events)
+            self.events.close()
+            self.events = None
+        if self.requests is not None:
+            self.requests.close()
+            self.requests = None
+        if self.pid is not None:
+            # Not reaped yet, so the pid is still its own. A stopped zygote
+            # (a spawn timed out) must never wake to fork for a request
+            # given up on.
+            os.kill(self.pid, signal.SIGKILL)
+            self.unreaped.add(self.pid)
+            self.pid = None
+
+    def ended(self, pid: int) -> bool:
+        """Whether a reaped pid was a zygote (the channel closes with it)."""
+        if pid == self.pid:
+            self.pid = None
+            self.close()
+            return True
+        if pid in self.unreaped:
+            self.unreaped.discard(pid)
+            return True
+        return False
