@@ -1,3 +1,4 @@
+"""`python -m landlock`: the landlock-exec command."""
 from .cli import main
 
 main()

@@ -1,3 +1,4 @@
+"""`python -m supervisor`: the landlock-supervisor command."""
 import sys
 
 from .cli import main

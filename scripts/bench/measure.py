@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from supervisor import procfs
+
 now_ns = time.perf_counter_ns
 
 
@@ -25,14 +27,8 @@ def summarize(samples_ns: list[int]) -> dict[str, Any]:
 
 
 def rss_kib(pid: int | str = "self") -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    """VmRSS of a process, 0 when it cannot be read (gone)."""
+    return procfs.rss_kib(pid) or 0
 
 
 def log(msg: str) -> None:

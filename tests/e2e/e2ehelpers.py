@@ -183,25 +183,8 @@ class World:
     def build(self) -> None:
         for d in (self.projects / "sub", self.secret, self.outside, self.repo):
             d.mkdir(parents=True)
-        (self.projects / "notes.txt").write_text("hello from an allowed project\n")
         (self.projects / "sub" / "inner.txt").write_text("inside the narrowed grant\n")
-        (self.secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- (not really)\n")
-        (self.repo / "README").write_text("a repository the git server may use\n")
-        git("init", "-q", "-b", "main", ".", cwd=self.repo)
-        git("add", "README", cwd=self.repo)
-        git("commit", "-q", "-m", "first", cwd=self.repo)
-        # A repository inside the granted one whose configuration includes a
-        # file outside: the server's own check (the path is inside
-        # --repository) lets it through, the kernel does not.
-        nested = self.repo / "nested"
-        git("init", "-q", "-b", "main", str(nested), cwd=self.dir)
-        (self.secret / "shared.gitconfig").write_text("[core]\n\tautocrlf = false\n")
-        with open(nested / ".git" / "config", "a") as f:
-            f.write(f"[include]\n\tpath = {self.secret / 'shared.gitconfig'}\n")
-        # The servers run as dynamic uids (one per manifest) under a root
-        # supervisor: what two of them share must be writable by both, and
-        # stay so for what git creates there.
-        git("config", "core.sharedRepository", "0666", cwd=self.repo)
+        seed_world(self.projects, self.secret, self.repo)
         if os.geteuid() == 0:
             subprocess.run(["chmod", "-R", "a+rwX", str(self.projects), str(self.repo), str(self.outside)],
                            check=True)
@@ -242,21 +225,10 @@ class World:
     def stop(self) -> int | None:
         for server in self._servers.values():
             server.close()
-        if self.proc is None:
-            return None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            return None
+        return stop_supervisor(self.proc)
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return tail(self.log)
 
     # ---- servers ----
 
@@ -405,3 +377,47 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def seed_world(projects: Path, secret: Path, repo: Path) -> None:
+    """What the example servers are given and denied: a project, a secret
+    beside it, a repository with one commit, and inside it a repository
+    whose configuration includes a file of the secret directory: the
+    server's own check (the path is inside --repository) lets it through,
+    the kernel does not."""
+    (projects / "notes.txt").write_text("hello from an allowed project\n")
+    (secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- (not really)\n")
+    (repo / "README").write_text("a repository the git server may use\n")
+    git("init", "-q", "-b", "main", ".", cwd=repo)
+    git("add", "README", cwd=repo)
+    git("commit", "-q", "-m", "first", cwd=repo)
+    nested = repo / "nested"
+    git("init", "-q", "-b", "main", str(nested), cwd=repo.parent)
+    (secret / "shared.gitconfig").write_text("[core]\n\tautocrlf = false\n")
+    with open(nested / ".git" / "config", "a") as f:
+        f.write(f"[include]\n\tpath = {secret / 'shared.gitconfig'}\n")
+    # The servers run as dynamic uids (one per manifest) under a root
+    # supervisor: what two of them share must be writable by both, and
+    # stay so for what git creates there.
+    git("config", "core.sharedRepository", "0666", cwd=repo)
+
+
+def stop_supervisor(proc: subprocess.Popen[bytes] | None) -> int | None:
+    """SIGTERM, its status; KILL to its group if it is not gone in 15 s."""
+    if proc is None:
+        return None
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+def tail(path: Path, size: int = 4000) -> str:
+    """The end of a log, for an assertion's message."""
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError:
+        return ""

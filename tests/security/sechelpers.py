@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pty
 import re
 import shutil
 import socket
@@ -19,11 +20,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 import landlock
 
@@ -135,6 +138,23 @@ def attack(client: Any, manifest: str, ops: Sequence[Sequence[Any]], *, stdin: i
 
 
 # ---- docs/security.md: the tables the tests hold it to ---------------------------------------
+
+def through_a_terminal(attempt: Callable[[int], T]) -> tuple[T, bytes]:
+    """attempt(slave) with a fresh pty's slave as the child's stdin, and
+    what got pushed into that terminal (TIOCSTI) meanwhile."""
+    master, slave = pty.openpty()
+    try:
+        result = attempt(slave)
+        os.set_blocking(master, False)
+        try:
+            echoed = os.read(master, 100)
+        except BlockingIOError:
+            echoed = b""
+    finally:
+        os.close(master)
+        os.close(slave)
+    return result, echoed
+
 
 def case(case_id: str):
     """Names a catalogue case: docs/security.md has a row per id (test_docs.py),

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import signal
 from typing import Any
 
 import pytest
 
-from sechelpers import BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case
+from sechelpers import (BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case,
+                        through_a_terminal)
 from supervisor import procfs
 from supervisor.client import SupervisorError
 from svhelpers import alive, wait_until
@@ -309,19 +309,13 @@ def test_tiocsti_into_inherited_terminal(fresh, ident):
     bad_fds, and no child runs. (With `terminal: true` the attack works:
     the `tiocsti-terminal` limit.) Landlock's IOCTL_DEV right is checked
     at open(), so it does not cover an inherited fd."""
-    master, slave = pty.openpty()
     before = fresh.sv.client.stats()["spawned"]
-    try:
+
+    def refused(slave: int) -> Any:
         with pytest.raises(SupervisorError) as e:
             fresh.attack(ident, [["tiocsctty"], ["tiocsti", "id\n"]], stdin=slave)
-        os.set_blocking(master, False)
-        try:
-            echoed = os.read(master, 100)
-        except BlockingIOError:
-            echoed = b""
-    finally:
-        os.close(master)
-        os.close(slave)
+        return e
+    e, echoed = through_a_terminal(refused)
     assert e.value.code == "bad_fds" and "terminal" in str(e.value), e.value
     assert echoed == b""
     assert fresh.sv.client.stats()["spawned"] == before

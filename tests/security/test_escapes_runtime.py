@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sechelpers import (CHILD_UID, PROBE, PYTHON3, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
-                        check_limit)
+                        check_limit, through_a_terminal)
 from supervisor.client import SupervisorError
 from svhelpers import processes_with_tag, read_all, run, spawn_bg, wait_until
 
@@ -245,17 +245,8 @@ def test_tiocsti_with_terminal_true(rt):
         legacy = "1"   # older kernels: TIOCSTI always works
     if legacy == "0":
         pytest.skip("machine setting: dev.tty.legacy_tiocsti is 0 (TIOCSTI needs CAP_SYS_ADMIN)")
-    master, slave = pty.openpty()
-    try:
-        o = attack(rt.client, "tty", [["tiocsctty"], ["tiocsti", "id\n"]], stdin=slave)
-        os.set_blocking(master, False)
-        try:
-            echoed = os.read(master, 100)
-        except BlockingIOError:
-            echoed = b""
-    finally:
-        os.close(master)
-        os.close(slave)
+    o, echoed = through_a_terminal(
+        lambda slave: attack(rt.client, "tty", [["tiocsctty"], ["tiocsti", "id\n"]], stdin=slave))
     check_limit("tiocsti-terminal", o[0]["ok"] and o[1]["ok"] and b"id" in echoed)
 
 

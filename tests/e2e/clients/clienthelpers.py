@@ -25,7 +25,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # e2ehelpers, any import mode
-from e2ehelpers import EXAMPLES, REPO, SERVERS, git, seed_caches  # noqa: E402
+from e2ehelpers import EXAMPLES, REPO, SERVERS, seed_caches, seed_world, stop_supervisor, tail  # noqa: E402
 
 CLIENTS = REPO / ".clients"
 SUPERVISOR = REPO / ".venv" / "bin" / "landlock-supervisor"
@@ -125,18 +124,7 @@ class Identity:
     def build(self) -> None:
         for d in (self.projects, self.secret, self.repo, self.dir / "run"):
             d.mkdir(parents=True)
-        (self.projects / "notes.txt").write_text("hello from an allowed project\n")
-        (self.secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- (not really)\n")
-        (self.repo / "README").write_text("a repository the git server may use\n")
-        git("init", "-q", "-b", "main", ".", cwd=self.repo)
-        git("add", "README", cwd=self.repo)
-        git("commit", "-q", "-m", "first", cwd=self.repo)
-        nested = self.repo / "nested"
-        git("init", "-q", "-b", "main", str(nested), cwd=self.dir)
-        (self.secret / "shared.gitconfig").write_text("[core]\n\tautocrlf = false\n")
-        with open(nested / ".git" / "config", "a") as f:
-            f.write(f"[include]\n\tpath = {self.secret / 'shared.gitconfig'}\n")
-        git("config", "core.sharedRepository", "0666", cwd=self.repo)
+        seed_world(self.projects, self.secret, self.repo)
         self.private_state.mkdir(parents=True)
         seed_caches(self.daemon_state)
         seed_caches(self.private_state)
@@ -203,21 +191,10 @@ class Identity:
             time.sleep(0.1)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            return None
+        return stop_supervisor(self.proc)
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
+        return tail(self.log, 3000)
 
     # -- the configs a user writes --
 
