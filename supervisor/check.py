@@ -73,7 +73,11 @@ def cross_warnings(manifests: list[Manifest]) -> dict[str, list[str]]:
 
 def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": m.name, "source": m.source, "command": [m.command, *m.args],
-                             "pool": m.pool, "warnings": list(m.warnings) + warnings}
+                             "pool": m.pool, "warnings": list(m.warnings) + warnings,
+                             # Read from the supervisor's environment when it loads the manifest: a
+                             # daemon's own (its unit's), a private one's that of `run` (the MCP
+                             # client's). Here: whether check's own environment has each.
+                             "inherit_env": {k: k in os.environ for k in m.inherit_env}}
     nproc = [r for r in m.spec.rlimits if r.name == "NPROC"]
     if m.pool and nproc:
         entry["warnings"].append(f"rlimits.NPROC ({nproc[0].soft}) counts the pool's {m.pool} waiting "
@@ -124,6 +128,12 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         if "dynamic_uid" in e:
             print(f"  runs as dynamic uid {e['dynamic_uid']} (gid the same)" if e["dynamic_uid"] is not None
                   else "  runs as a dynamic uid, given at the supervisor's first start")
+        if e["inherit_env"]:
+            have = [k for k, present in e["inherit_env"].items() if present]
+            print("  inherit_env, read from the supervisor's environment (a daemon's own; run --manifests: "
+                  "the MCP client's):")
+            print(f"    set in check's environment: {', '.join(have) or 'none'}"
+                  + "; unset: " + (", ".join(k for k in e["inherit_env"] if k not in have) or "none"))
         if e["pool"]:
             print(f"  pool: {e['pool']} children forked and confined ahead of requests")
         if "refused" in e:

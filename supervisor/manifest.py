@@ -238,7 +238,9 @@ class _Loader:
                           "sandbox.", _SANDBOX_KEYS)
         fragment = profiles.combine(sandbox.strings("profiles"), profiles.Context(
             env={**self.env, **manifest_env, **{k: self.env[k] for k in inherit_env if k in self.env}},
-            state_dir=state_dir, command=command, area=area), lambda msg: sandbox.fail("profiles", msg))
+            state_dir=state_dir, command=command, area=area,
+            given=frozenset({*manifest_env, *(k for k in inherit_env if k in self.env)})),
+            lambda msg: sandbox.fail("profiles", msg))
         spec, creds = self._spec(sandbox, self._paths(sandbox, fragment, state_dir), user, group)
         return fragment, spec, creds
 

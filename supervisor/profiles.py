@@ -17,6 +17,19 @@ PathClasses = dict[str, list[str]]
 # through (as these machines need to reach registries), its file is granted.
 CA_VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
                 "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO", "UV_CERT")
+# Where an administrator adds a CA of their own (a company's, a proxy's) for
+# update-ca-certificates / update-ca-trust, per distribution family; and the
+# bundle those tools then write, holding the distribution's CAs and those.
+LOCAL_CA_DIRS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/source/anchors",
+                 "/etc/ca-certificates/trust-source/anchors", "/etc/pki/trust/anchors")
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                     "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
+# npm and uv give up on a registry they cannot reach within about 25 s, and
+# say so on stderr (their defaults: 70 s for a refused connection with npm,
+# minutes for one that never answers; an MCP client waits silently meanwhile).
+NPM_BOUNDS = {"npm_config_fetch_retries": "1", "npm_config_fetch_retry_mintimeout": "1000",
+              "npm_config_fetch_retry_maxtimeout": "4000", "npm_config_fetch_timeout": "10000"}
+UV_BOUNDS = {"UV_HTTP_RETRIES": "1", "UV_HTTP_CONNECT_TIMEOUT": "5", "UV_HTTP_TIMEOUT": "10"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,9 @@ class Context:
     # inside a directory the server may write: there it could be swapped
     # for a symlink before the next spawn's rules are built.
     area: str | None = None
+    # The names the manifest sets in `env` or inherits (present where it is
+    # loaded): a profile's default for one of them gives way.
+    given: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -90,6 +106,30 @@ def _interpreters(program: str, env: Mapping[str, str]) -> list[str]:
     return out
 
 
+def local_ca_bundle() -> str | None:
+    """The distribution's CA bundle, when a CA was added locally: node (its
+    own built-in list) and uv (Mozilla's) would not trust that CA otherwise.
+    None without one: node pays 30-60 ms a start to read a bundle."""
+    try:
+        if not any(not name.startswith(".") for d in LOCAL_CA_DIRS if os.path.isdir(d) for name in os.listdir(d)):
+            return None
+    except OSError:
+        return None
+    return next((b for b in SYSTEM_CA_BUNDLES if os.path.isfile(b)), None)
+
+
+def _defaults(f: Fragment, ctx: Context, values: Mapping[str, str]) -> None:
+    """values for the names the manifest neither sets nor inherits."""
+    f.env.update({k: v for k, v in values.items() if k not in ctx.given})
+
+
+def _ca_default(f: Fragment, ctx: Context, var: str) -> None:
+    bundle = local_ca_bundle()
+    if bundle and var not in ctx.given:
+        f.env[var] = bundle
+        f.add("read_only_noexec", *_real(bundle))
+
+
 def system(ctx: Context) -> Fragment:
     """What any dynamically linked program needs: libraries, the ELF interpreter, the command and its shebang chain, ld.so.cache, locale and zoneinfo, /dev/null and friends."""
     f = Fragment()
@@ -141,7 +181,7 @@ def _needs_state(ctx: Context, profile: str) -> tuple[str, str]:
 
 
 def npx(ctx: Context) -> Fragment:
-    """node, dns-tls, npm and npx; npm's cache beside the state directory, its logs and config in it; update check off."""
+    """node, dns-tls, npm and npx; npm's cache beside the state directory, its logs and config in it; update check off; fetch retries and timeouts bounded; NODE_EXTRA_CA_CERTS the system bundle when a CA was added locally."""
     state, area = _needs_state(ctx, "npx")
     f = Fragment()
     f.merge(node(ctx))
@@ -167,6 +207,8 @@ def npx(ctx: Context) -> Fragment:
         "npm_config_fund": "false",
         "npm_config_audit": "false",
     })
+    _defaults(f, ctx, NPM_BOUNDS)
+    _ca_default(f, ctx, "NODE_EXTRA_CA_CERTS")
     # npx installs what it runs into the cache: that tree must also execute.
     f.add("read_write", os.path.join(area, "npm-cache"))
     return f
@@ -213,7 +255,7 @@ def python(ctx: Context) -> Fragment:
 
 
 def uvx(ctx: Context) -> Fragment:
-    """python, dns-tls, uv and its shell launchers; uv's cache and tool directories beside the state directory."""
+    """python, dns-tls, uv and its shell launchers; uv's cache and tool directories beside the state directory; HTTP retries and timeouts bounded; SSL_CERT_FILE the system bundle when a CA was added locally."""
     _, area = _needs_state(ctx, "uvx")
     f = Fragment()
     f.merge(dns_tls(ctx))
@@ -229,6 +271,8 @@ def uvx(ctx: Context) -> Fragment:
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_CONFIG": "1",
     })
+    _defaults(f, ctx, UV_BOUNDS)
+    _ca_default(f, ctx, "SSL_CERT_FILE")
     # The environments uv builds in its cache are executed from there.
     f.add("read_write", os.path.join(area, "uv-cache"))
     f.add("read_write_noexec", os.path.join(area, "uv-tools"))

@@ -233,3 +233,56 @@ def test_check_warns(lab):
     with open("/proc/sys/dev/tty/legacy_tiocsti") as f:
         legacy = f.read().strip() == "1"
     assert legacy == any("legacy_tiocsti" in w for w in report["kernel"]["warnings"]), report["kernel"]
+
+
+@pytest.mark.timeout(30)
+def test_check_shows_inherit_env(lab):
+    """check names each manifest's inherit_env and which of them its own
+    environment has: the supervisor's (daemon) or the client's (private)
+    decides what the server gets."""
+    import json
+    import subprocess
+    from svhelpers import PYTHON, REPO
+    path = lab.manifest("inherits", command="/bin/true", inherit_env=["PATH", "LLSV_SURELY_UNSET"])
+    env = {k: v for k, v in os.environ.items() if k != "LLSV_SURELY_UNSET"}
+    r = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", str(path), "--state-root",
+                        str(lab.state_root)], cwd=REPO, capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["manifests"][0]["inherit_env"] == {"PATH": True, "LLSV_SURELY_UNSET": False}
+    r = subprocess.run([PYTHON, "-m", "supervisor", "check", str(path), "--state-root", str(lab.state_root)],
+                       cwd=REPO, capture_output=True, text=True, timeout=30, env=env)
+    assert "set in check's environment: PATH; unset: LLSV_SURELY_UNSET" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(30)
+def test_npx_and_uvx_profiles_bound_the_registry_and_name_the_ca_bundle(lab, monkeypatch):
+    """The npx and uvx profiles bound npm's and uv's retries and timeouts,
+    and point node and uv at the system CA bundle when a CA was added
+    locally; a value the manifest sets or inherits wins over theirs."""
+    from supervisor import manifest, profiles
+    monkeypatch.setattr(profiles, "local_ca_bundle", lambda: "/etc/ssl/certs/ca-certificates.crt")
+    bin_dir = lab.dir / "bin"
+    bin_dir.mkdir()
+    for tool in ("npx", "uvx"):
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "npm_config_fetch_retries": "7"}
+
+    def load(tool: str, **fields) -> dict[str, str]:
+        path = lab.manifest(tool, command=str(bin_dir / tool), state_dir=True,
+                            sandbox={"profiles": ["system", tool]}, **fields)
+        return dict(manifest.load(path, env=env, state_root=str(lab.state_root), as_root=False).env)
+
+    npx = load("npx")
+    assert npx["npm_config_fetch_retries"] == "1" and npx["npm_config_fetch_timeout"] == "10000"
+    assert npx["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/ca-certificates.crt"
+    npx = load("npx", inherit_env=["npm_config_fetch_retries", "NODE_EXTRA_CA_CERTS"],
+               env={"npm_config_fetch_timeout": "20000"})
+    assert "npm_config_fetch_retries" not in npx      # inherited: the supervisor's 7 at spawn
+    assert npx["npm_config_fetch_timeout"] == "20000"
+    assert npx["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/ca-certificates.crt"   # inherited but unset here
+    uvx = load("uvx")
+    assert (uvx["UV_HTTP_RETRIES"], uvx["UV_HTTP_TIMEOUT"], uvx["UV_HTTP_CONNECT_TIMEOUT"]) == ("1", "10", "5")
+    assert uvx["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+    monkeypatch.setattr(profiles, "local_ca_bundle", lambda: None)
+    assert "SSL_CERT_FILE" not in load("uvx")       # no local CA: uv's own list is the same
