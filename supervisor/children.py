@@ -41,6 +41,7 @@ class Session:
     kill_reason: str | None = None
     record: str | None = None       # the file in sessions/ that outlives a crash
     kill_timer: Timer | None = None
+    first_term: float | None = None  # monotonic time of the first TERM a client asked for: the grace runs from it
     gid: int | None = None          # its session gid (Config.session_gids)
     leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
     retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
@@ -207,7 +208,12 @@ class Children:
             return  # not exec'd yet: on_errpipe terminates it once it is
         survivors.killpg(session.pid, signal.SIGTERM)  # its leader is not reaped: the group is still its own
         if session.kill_timer is None:
-            session.kill_timer = self.loop.at(self.limits.grace, lambda: self._kill_group(session, signal.SIGKILL))
+            # A client that asked for TERM and then went (`run` forwarding
+            # the MCP client's TERM, then SIGKILLed by it) has waited part
+            # of the grace already: KILL comes at that TERM + the grace.
+            waited = time.monotonic() - session.first_term if session.first_term is not None else 0.0
+            session.kill_timer = self.loop.at(max(0.0, self.limits.grace - waited),
+                                              lambda: self._kill_group(session, signal.SIGKILL))
 
     def _kill_group(self, session: Session, sig: int) -> bool:
         """Signal what is left of session's process group; whether any was.

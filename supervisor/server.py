@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +279,8 @@ class Supervisor:
                                          "op": "signal"})
             return
         session.kill_reason = "signalled_on_request"
+        if sig == signal.SIGTERM and session.first_term is None:
+            session.first_term = time.monotonic()
         try:
             if message.get("group", True):
                 os.killpg(session.pid, sig)

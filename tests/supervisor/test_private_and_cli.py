@@ -11,7 +11,7 @@ import pytest
 
 import supervisor
 from supervisor.client import NoSuchManifest, SpawnFailed
-from svhelpers import (PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
+from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
                        spawn_bg, state, unix_socket_paths, wait_until)
 
 # ---- private mode -----------------------------------------------------------------
@@ -202,6 +202,34 @@ def test_run_killed_ends_its_child(runner, lab):
         proc.wait()
         assert wait_until(lambda: not alive(child), 3), state(child)
         assert time.monotonic() - started < 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(30)
+def test_run_term_then_kill_keeps_the_grace_from_the_term(runner, lab):
+    """An MCP client TERMs `run` (forwarded), waits, then SIGKILLs it: a
+    server ignoring TERM is KILLed at that TERM + the grace, not at the
+    connection's close + the grace (1 s for the test daemon, 5 s for a
+    private supervisor)."""
+    grace = GRACE if "--socket" in runner else 5.0
+    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", "trap '' TERM; echo $$; exec sleep 100"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        child = int(read_line(proc.stdout.fileno(), 10))
+        assert alive(child)
+        termed = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(grace * 0.6)
+        assert alive(child)
+        proc.kill()
+        proc.wait()
+        assert wait_until(lambda: not alive(child), grace * 2), state(child)
+        took = time.monotonic() - termed
+        assert grace * 0.8 <= took < grace + 0.45, f"KILL {took:.2f} s after the TERM, grace {grace}"
     finally:
         if proc.poll() is None:
             proc.kill()
