@@ -76,12 +76,16 @@ def shell_status(exited: Mapping[str, Any]) -> int:
 
 
 def spawn_request(name: str, args: Sequence[str], env: Mapping[str, str] | None,
-                  narrow: Mapping[str, Any] | None) -> dict[str, Any]:
+                  narrow: Mapping[str, Any] | None, cwd: str | None = None) -> dict[str, Any]:
+    """cwd: the client's working directory, against which the supervisor
+    makes `.`, `./...` and `../...` among args absolute."""
     request: dict[str, Any] = {"op": "spawn", "manifest": name, "args": list(args)}
     if env:
         request["env"] = dict(env)
     if narrow:
         request["narrow"] = dict(narrow)
+    if cwd is not None:
+        request["cwd"] = cwd
     return request
 
 

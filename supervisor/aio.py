@@ -97,8 +97,9 @@ class AsyncClient:
 
     async def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
                     stderr: int = 2, env: Mapping[str, str] | None = None,
-                    narrow: Mapping[str, Any] | None = None) -> AsyncChild:
-        request = core.spawn_request(name, args, env, narrow)
+                    narrow: Mapping[str, Any] | None = None, cwd: str | None = None) -> AsyncChild:
+        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it."""
+        request = core.spawn_request(name, args, env, narrow, cwd)
         sock = self._open()
         return AsyncChild(sock, await _run(core.spawn(sock, request, [stdin, stdout, stderr])))
 

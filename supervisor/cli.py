@@ -280,6 +280,20 @@ def _client_env(name: str, takes: list[str]) -> dict[str, str]:
     return passed
 
 
+def _cwd_for(args: list[str]) -> str | None:
+    """Our cwd, when an argument is relative to it (`.`, `./x`, `../x`):
+    the server runs in its manifest's cwd, and a project-scoped MCP config
+    passing `.` means the client's. None otherwise (or if it was removed):
+    the request is then as a supervisor without this field knows it."""
+    from .protocol import relative_arg
+    if not any(relative_arg(a) for a in args):
+        return None
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
     from . import client as clients
@@ -307,7 +321,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             stdin, stdout, stderr = relay.child_fds
             env.update(_client_env(args.name, client.describe(args.name)["client_env"]))
-            child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
+            child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                                 cwd=_cwd_for(extra))
         except clients.NoSuchManifest as e:
             return _fail(EXIT_USAGE, str(e))
         except clients.ConfinementUnavailable as e:

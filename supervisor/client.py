@@ -95,8 +95,10 @@ class Client:
 
     def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
               stderr: int = 2, env: Mapping[str, str] | None = None,
-              narrow: Mapping[str, Any] | None = None, timeout: float | None = 30) -> Child:
-        request = core.spawn_request(name, args, env, narrow)
+              narrow: Mapping[str, Any] | None = None, timeout: float | None = 30,
+              cwd: str | None = None) -> Child:
+        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it."""
+        request = core.spawn_request(name, args, env, narrow, cwd)
         sock = self._connect()
         return Child(sock, _run(core.spawn(sock, request, [stdin, stdout, stderr]), timeout))
 

@@ -22,12 +22,14 @@ from typing import Any
 import landlock
 from landlock.spec import parse_limit
 
+from . import protocol
 from .errors import Code, Refused
 from .limits import Limits
 from .manifest import PATH_CLASSES, PORT_KEYS, Manifest
 from .peers import Peer
 
-SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow"})
+SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow", "cwd"})
+MAX_CWD = 4096   # PATH_MAX
 NARROWABLE = frozenset({*PATH_CLASSES, *PORT_KEYS, "rlimits"})
 # A narrowed path may lie within a grant of its own class or of a stronger one.
 _STRONGER = {"read_only": ("read_only", "read_write"), "read_only_noexec": PATH_CLASSES[:4],
@@ -77,7 +79,7 @@ def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Coun
         raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {counts.children} children, its limit")
     if counts.of_peer >= limits.children_per_uid:
         raise Refused(Code.TOO_MANY_CHILDREN, f"uid {peer.uid} has {limits.children_per_uid} children, its limit")
-    args = _args(m, request.get("args", []), limits)
+    args = _args(m, request.get("args", []), request.get("cwd"), limits)
     client_env = _client_env(m, request.get("env"))
     try:
         spec = narrow(m.spec, request.get("narrow"), resolve)
@@ -91,14 +93,37 @@ def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Coun
                      session_gid=m.spec.group is None)
 
 
-def _args(m: Manifest, args: Any, limits: Limits) -> list[str]:
+def _args(m: Manifest, args: Any, cwd: Any, limits: Limits) -> list[str]:
+    """The client's args, the relative ones resolved against its cwd."""
     if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
         raise Refused(Code.BAD_REQUEST, "args: expected a list of strings")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd
+                            or len(cwd) > MAX_CWD):
+        raise Refused(Code.BAD_REQUEST, "cwd: expected an absolute path")
     if args and not m.client_args:
         raise Refused(Code.ARGS_REFUSED, f"manifest {m.name!r} does not let clients add arguments")
+    if cwd is not None:
+        args = [against(cwd, a) for a in args]
     if len(args) > limits.max_args or sum(map(len, args)) > limits.max_arg_bytes:
         raise Refused(Code.TOO_LARGE, "args: too many or too long")
     return args
+
+
+def against(cwd: str, arg: str) -> str:
+    """A client's argument `.`, `..`, `./...` or `../...` made absolute
+    against the client's cwd (the manifest's cwd is not the client's: a
+    project-scoped config passing `.` means its project); any other as it
+    is. Only the leading `.` and `..` are taken away, on the string: the rest
+    stays for the kernel to resolve as the server walks it (a `..` after a
+    symlink is the link target's parent). No more than the client could
+    have said with an absolute path."""
+    if not protocol.relative_arg(arg):
+        return arg
+    base, parts = os.path.normpath(cwd), arg.split("/")
+    while parts and parts[0] in (".", "..", ""):
+        if parts.pop(0) == "..":
+            base = os.path.dirname(base)
+    return os.path.join(base, *parts) if parts else base
 
 
 def _client_env(m: Manifest, client_env: Any) -> dict[str, str]:

@@ -31,6 +31,11 @@ class ProtocolError(SupervisorError):
         super().__init__(message, code)
 
 
+def relative_arg(arg: str) -> bool:
+    """An argument a spawn's `cwd` resolves: `.`, `..`, `./...`, `../...`."""
+    return arg in (".", "..") or arg.startswith(("./", "../"))
+
+
 def encode(message: dict[str, Any]) -> bytes:
     data = json.dumps({"v": VERSION, **message}, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:

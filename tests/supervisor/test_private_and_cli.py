@@ -238,6 +238,19 @@ def test_run_term_then_kill_keeps_the_grace_from_the_term(runner, lab):
 
 
 @pytest.mark.timeout(30)
+def test_run_resolves_relative_args_against_its_cwd(runner, lab):
+    """`run NAME -- . ./x ../y` from a project: the server (in its manifest's
+    cwd, / here) gets those against the client's cwd, not its own."""
+    project = lab.dir / "project"
+    project.mkdir()
+    r = subprocess.run([PYTHON, "-m", "supervisor", *runner, "sh", "--", 'echo "$@"; pwd', "zero",
+                        ".", "./x", "../y", "z", "/abs"], cwd=project, capture_output=True, timeout=20,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().splitlines() == [f"{project} {project}/x {lab.dir}/y z /abs", "/"]
+
+
+@pytest.mark.timeout(30)
 def test_run_passes_client_env(lab):
     lab.manifest("env", command="/usr/bin/env", client_env=["TOKEN"])
     svr = lab.start()

@@ -88,6 +88,9 @@ def test_requests_are_the_protocols_bytes():
         {"v": 1, "op": "spawn", "manifest": "fs", "args": ["a"], "env": {"T": "1"},
          "narrow": {"read_only": ["/x"]}}, separators=(",", ":")).encode()
     assert core.spawn_request("fs", [], None, {}) == {"op": "spawn", "manifest": "fs", "args": []}
+    assert core.spawn_request("fs", [], None, {}, None) == {"op": "spawn", "manifest": "fs", "args": []}
+    assert protocol.encode(core.spawn_request("fs", (".",), None, None, "/home/u/p")) == \
+        b'{"v":1,"op":"spawn","manifest":"fs","args":["."],"cwd":"/home/u/p"}'
     assert core.signal_request(15, True) == {"op": "signal", "signal": 15, "group": True}
 
 
