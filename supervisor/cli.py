@@ -342,6 +342,10 @@ def _run(args: argparse.Namespace) -> int:
             if child.fileno() in ready:
                 child.poll()
         relay.drain()
+        if child.exited.get("reason") == "shutdown":
+            # Else a client sees a server gone with 143 and not a word.
+            print(f"landlock-supervisor: {args.name} was stopped: the supervisor is shutting down",
+                  file=sys.stderr, flush=True)
         return clients.shell_status(child.exited)
     finally:
         relay.started()
