@@ -4,7 +4,8 @@ The checks run in the order a refusal's code depends on:
 
     admit()       unknown fields, the manifest's name, stopping
     (the caller)  3 fds, each usable as stdio: fstat and isatty are system calls (server.check_stdio)
-    plan_spawn()  child limits, args (relative ones against the client's cwd), env, narrowing (paths, ports, rlimits), then the plan:
+    plan_spawn()  child limits, args (relative ones against the client's cwd), env,
+                  narrowing (paths, ports, rlimits), then the plan:
                   argv, environment, the pool (by Spec equality), a session gid or not
 
 Nothing here makes a system call but through `resolve` (realpath, passed
