@@ -75,7 +75,7 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": m.name, "source": m.source, "command": [m.command, *m.args],
                              "pool": m.pool, "warnings": list(m.warnings) + warnings}
     nproc = [r for r in m.spec.rlimits if r.name == "NPROC"]
-    if m.pool and nproc:
+    if isinstance(m.pool, int) and m.pool and nproc:
         entry["warnings"].append(f"rlimits.NPROC ({nproc[0].soft}) counts the pool's {m.pool} waiting "
                                  "children too: they run as the same user")
     if m.runs_as_root:
@@ -124,7 +124,10 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         if "dynamic_uid" in e:
             print(f"  runs as dynamic uid {e['dynamic_uid']} (gid the same)" if e["dynamic_uid"] is not None
                   else "  runs as a dynamic uid, given at the supervisor's first start")
-        if e["pool"]:
+        if e["pool"] == "auto":
+            print("  pool: auto (children forked and confined ahead while it is spawned often; "
+                  "never under an NPROC limit)")
+        elif e["pool"]:
             print(f"  pool: {e['pool']} children forked and confined ahead of requests")
         if "refused" in e:
             print(f"  REFUSED on this kernel: {e['refused']}")
