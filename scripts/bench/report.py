@@ -148,8 +148,8 @@ def _ready_child(r: dict[str, Any]) -> list[str]:
         return ["Idle ready child of a pool: none found"]
     return [f"Idle ready child of a pool (median of {r['children']}; /proc/PID/smaps_rollup, KiB): child RSS "
             f"{r.get('child_Rss', 0):.0f}, PSS {r.get('child_Pss', 0):.0f}, private "
-            f"{r.get('child_Private_Dirty', 0) + r.get('child_Private_Clean', 0):.0f}; its exec helper (same memory) "
-            f"PSS {r.get('helper_Pss', 0):.0f} (the two: {r.get('child_Pss', 0) + r.get('helper_Pss', 0):.0f}); "
+            f"{r.get('child_Private_Dirty', 0) + r.get('child_Private_Clean', 0):.0f}; its exec helper shares that "
+            f"address space (read there too: PSS {r.get('helper_Pss', 0):.0f}, not to be added); "
             f"the zygote PSS {r.get('zygote_Pss', 0):.0f}"]
 
 
