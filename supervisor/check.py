@@ -79,7 +79,7 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
                              # client's). Here: whether check's own environment has each.
                              "inherit_env": {k: k in os.environ for k in m.inherit_env}}
     nproc = [r for r in m.spec.rlimits if r.name == "NPROC"]
-    if m.pool and nproc:
+    if isinstance(m.pool, int) and m.pool and nproc:
         entry["warnings"].append(f"rlimits.NPROC ({nproc[0].soft}) counts the pool's {m.pool} waiting "
                                  "children too: they run as the same user")
     if m.runs_as_root:
@@ -134,7 +134,10 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
                   "the MCP client's):")
             print(f"    set in check's environment: {', '.join(have) or 'none'}"
                   + "; unset: " + (", ".join(k for k in e["inherit_env"] if k not in have) or "none"))
-        if e["pool"]:
+        if e["pool"] == "auto":
+            print("  pool: auto (children forked and confined ahead while it is spawned often; "
+                  "never under an NPROC limit)")
+        elif e["pool"]:
             print(f"  pool: {e['pool']} children forked and confined ahead of requests")
         if "refused" in e:
             print(f"  REFUSED on this kernel: {e['refused']}")

@@ -27,6 +27,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
 PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
 MAX_POOL = 8
+AUTO_POOL = "auto"   # the default: a pool kept while the manifest is in demand (zygote.pools.Demand)
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
              "user", "group", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
              "terminal"}
@@ -51,7 +52,7 @@ class Manifest:
     state_dir: str | None
     spec: landlock.Spec
     allow_root: bool = False
-    pool: int = 0                    # children kept forked and confined, ready for a request
+    pool: int | str = AUTO_POOL      # children kept forked and confined, ready for a request; "auto": adaptive
     terminal: bool = False           # a client may pass a terminal as stdio (it can then inject input)
     warnings: tuple[str, ...] = field(default=())
     area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
@@ -188,12 +189,12 @@ class _Loader:
             self.top.fail("umask", "expected an octal value from 000 to 777")
         return umask
 
-    def _serving(self) -> tuple[int, bool, str]:
+    def _serving(self) -> tuple[int | str, bool, str]:
         """pool, terminal, on_disconnect."""
-        pool = self.top.get("pool", int, 0)
+        pool = self.top.get("pool", (int, str), AUTO_POOL)
         terminal = self.top.get("terminal", bool, False)
-        if not 0 <= pool <= MAX_POOL:
-            self.top.fail("pool", f"expected 0 to {MAX_POOL} children, got {pool}")
+        if pool != AUTO_POOL and not (isinstance(pool, int) and 0 <= pool <= MAX_POOL):
+            self.top.fail("pool", f"expected {AUTO_POOL} or 0 to {MAX_POOL} children, got {pool!r}")
         on_disconnect = self.top.get("on_disconnect", str, "kill")
         if on_disconnect not in ("kill", "keep"):
             self.top.fail("on_disconnect", f"expected kill or keep, got {on_disconnect!r}")

@@ -26,7 +26,7 @@ from landlock.spec import parse_limit
 from . import protocol
 from .errors import Code, Refused
 from .limits import Limits
-from .manifest import PATH_CLASSES, PORT_KEYS, Manifest
+from .manifest import AUTO_POOL, PATH_CLASSES, PORT_KEYS, Manifest
 from .peers import Peer
 
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow", "cwd"})
@@ -56,7 +56,7 @@ class SpawnPlan:
     cwd: str
     umask: int
     spec: landlock.Spec
-    pool: tuple[str, int] | None   # (manifest, size): its pool may serve the request
+    pool: tuple[str, int | None] | None   # (manifest, size; None: adaptive): its pool may serve the request
     session_gid: bool              # the child gets a session gid of its own (if the supervisor hands them out)
 
 
@@ -88,10 +88,19 @@ def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Coun
         raise Refused(Code.BAD_SPEC, str(e)) from None
     return SpawnPlan(m, m.command, [m.command, *m.args, *args], m.environment(supervisor_env, client_env),
                      m.cwd, m.umask, spec,
-                     # A pool serves the manifest's own spec (or a narrowing equal to it).
-                     pool=(m.name, m.pool) if m.pool and spec == m.spec else None,
+                     pool=pool_of(m) if spec == m.spec else None,
                      # A manifest that names its group keeps it.
                      session_gid=m.spec.group is None)
+
+
+def pool_of(m: Manifest) -> tuple[str, int | None] | None:
+    """The pool that may serve the manifest's own spec (or a narrowing
+    equal to it): (name, size), size None when adaptive. `pool: auto` never
+    engages under an NPROC limit: waiting children count against it."""
+    if m.pool == AUTO_POOL:
+        return None if any(r.name == "NPROC" for r in m.spec.rlimits) else (m.name, None)
+    assert isinstance(m.pool, int)
+    return (m.name, m.pool) if m.pool else None
 
 
 def _args(m: Manifest, args: Any, cwd: Any, limits: Limits) -> list[str]:

@@ -27,7 +27,7 @@ from .connections import Connection, Connections, Handler
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits
 from .log import log
-from .loop import Loop, Periodic
+from .loop import Loop, Periodic, Timer
 from .manifest import Manifest, ManifestError
 from .paths import default_socket_path
 from .survivors import Records
@@ -45,6 +45,7 @@ KEEP_CAPABILITIES = (prctl.CAP_CHOWN, prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ
                      prctl.CAP_SETPCAP, prctl.CAP_SYS_RESOURCE)
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDIO_NAMES = ("stdin", "stdout", "stderr")
+POOL_IDLE = 300.0
 
 
 @dataclass
@@ -61,6 +62,8 @@ class Config:
     dynamic_uids: tuple[int, int] = ids.DEFAULT_DYNAMIC_UIDS
     session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids
     only: str | None = None         # private mode for one server: load that manifest alone
+    pool_idle: float | None = None  # seconds without a spawn before a `pool: auto` pool is drained;
+                                    # None: $LANDLOCK_SUPERVISOR_POOL_IDLE, else POOL_IDLE
 
 
 class Supervisor:
@@ -77,7 +80,11 @@ class Supervisor:
         self.isolation: namespaces.Isolation | None = None
         self.confinements = Confinements()
         self.gids = Gids(*config.session_gids) if config.session_gids else None
-        self.zygote = ZygoteProcess(self.loop.selector, self.gids, self.own.nofile_start)
+        pool_idle = config.pool_idle
+        if pool_idle is None:
+            pool_idle = float(os.environ.get("LANDLOCK_SUPERVISOR_POOL_IDLE", POOL_IDLE))
+        self.zygote = ZygoteProcess(self.loop.selector, self.gids, self.own.nofile_start, pool_idle)
+        self.pool_timer: Timer | None = None   # while a `pool: auto` pool is kept: its idle check
         # Every second while a connection has a deadline or a child runs.
         tick = Periodic(self.loop, 1.0, self._tick)
         self.connections = Connections(self.loop, self.limits, self.own, config.allow_uids, config.allow_gids,
@@ -230,7 +237,16 @@ class Supervisor:
         launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
                         self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
         self.own.check()
-        self.children.start(conn, m, launch, fds)
+        try:
+            self.children.start(conn, m, launch, fds)
+        finally:
+            if self.pool_timer is None and self.zygote.demand.last:
+                self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
+
+    def _pools_idle(self) -> None:
+        """Drain the adaptive pools no longer in demand; again when the next may be."""
+        due = self.zygote.drain_idle()
+        self.pool_timer = None if due is None else self.loop.at(max(due, 0.5), self._pools_idle)
 
     def _ping(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, {"event": "pong", "pid": self.pid})

@@ -20,7 +20,11 @@ each to the floor of the same target:
 
 Also: throughput with 1, 4 and 16 concurrent client processes; the
 supervisor's RSS before and after N spawns; the start-up time of a real MCP
-server (initialize reply) through the supervisor against unconfined.
+server (initialize reply) through the supervisor against unconfined; the
+same /bin/true from a manifest without a pool setting (pool: auto) and what
+an idle ready child costs in memory; the initialize round trip through the
+official MCP Python SDK (.clients/py), direct against `run` in daemon and
+private mode (issue 14).
 
 The benchmark is not a test: nothing here asserts a time. The targets of
 issue 5 are checked and printed as PASS/MISS for the reader.
@@ -33,7 +37,8 @@ issue 5 are checked and printed as PASS/MISS for the reader.
 #   phases.py    latency (small and big client), RSS, throughput, in interleaved rounds
 #   worker.py    the throughput client processes (the hidden --worker mode)
 #   mcp.py       a real MCP server's start-up, confined and not
+#   sdk.py       the SDK's initialize round trip, direct and through `run`; a ready child's memory
 #   bigheap.py   the 1 GiB threaded client
 #   measure.py   percentiles, RSS and CPU readings
 #   report.py    the figures derived, the table and the issue 5 targets
-# pypi_wrapper.py and echo_server.py are programs the benchmark runs, not modules it imports.
+# pypi_wrapper.py, echo_server.py and sdk_client.py are programs the benchmark runs, not modules it imports.

@@ -82,6 +82,10 @@ class Bench:
                         "env": ENV, **USER, "umask": "077", "pool": self.args.pool, "sandbox": self.sandbox()}
             # JSON is YAML.
             (self.mdir / f"{name}.yaml").write_text(json.dumps(manifest, indent=1))
+            if name == "true":   # and as a user writes it: no pool setting (pool: auto)
+                del manifest["pool"]
+                manifest["name"] = "true-auto"
+                (self.mdir / "true-auto.yaml").write_text(json.dumps(manifest, indent=1))
         for m in mcp_servers:
             path = self.mdir / f"{m['name']}.yaml"
             path.write_text(json.dumps(m["manifest"], indent=1))

@@ -6,7 +6,7 @@ import shutil
 import time
 from typing import Any
 
-from . import mcp
+from . import mcp, sdk
 from . import methods as m
 from .bigheap import BigHeap
 from .lab import Bench
@@ -39,6 +39,7 @@ def run(bench: Bench) -> dict[str, list[Method]]:
     phases: dict[str, list[Method]] = {}
     if "latency" in sections:
         phases["small"] = small_client(bench)
+        res["ready_child"] = sdk.ready_children(bench)   # the adaptive pool has children ready now
     if "rss" in sections:
         res["rss"] = rss(bench)
     if "throughput" in sections:
@@ -50,6 +51,8 @@ def run(bench: Bench) -> dict[str, list[Method]]:
                 res["throughput"][f"{kind}:{n}"] = throughput(bench, kind, n, duration)
     if "mcp" in sections:
         res["mcp"] = mcp.phase(bench)
+    if "sdk" in sections:
+        res["sdk"] = sdk.phase(bench)
     if "big" in sections:
         phases["big"] = big_client(bench)
     return phases
@@ -98,6 +101,11 @@ def small_client(bench: Bench) -> list[Method]:
     for t in TARGETS:
         methods += floor_and_forkserver(bench, t, "", "1 floor: posix_spawn + waitpid, unconfined",
                                         "2 fork-server: Client.spawn + wait, confined")
+        if t == "true":
+            # The same manifest without a pool setting: what a user gets (pool: auto).
+            n, budget = methods[-1].n, methods[-1].budget_s
+            methods.append(Method("forkserver_auto:true", "2 fork-server, the manifest without pool: (auto)",
+                                  m.forkserver(bench, "true-auto"), n, budget))
         if not args.no_peers:
             n, b = counts(args.quick, False, 40.0)
             methods.append(Method(f"landlock_exec:{t}", "5 re-exec wrapper: landlock-exec, same spec",

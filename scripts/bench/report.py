@@ -7,7 +7,7 @@ from .measure import summarize
 from .methods import Method
 
 # The latency table's rows of one target, in this order (a method not run is left out).
-ORDER = ["floor", "forkserver", "forkserver_big", "floor_big", "preexec_big", "landlock_exec",
+ORDER = ["floor", "forkserver", "forkserver_auto", "forkserver_big", "floor_big", "preexec_big", "landlock_exec",
          "bwrap", "pypi_landlock", "landrun", "nsjail"]
 QUANTILES = ("p50", "p99", "mean")
 
@@ -143,13 +143,34 @@ def _mcp(servers: dict[str, Any]) -> list[str]:
     return out
 
 
+def _ready_child(r: dict[str, Any]) -> list[str]:
+    if not r.get("children"):
+        return ["Idle ready child of a pool: none found"]
+    return [f"Idle ready child of a pool (median of {r['children']}; /proc/PID/smaps_rollup, KiB): child RSS "
+            f"{r.get('child_Rss', 0):.0f}, PSS {r.get('child_Pss', 0):.0f}, private "
+            f"{r.get('child_Private_Dirty', 0) + r.get('child_Private_Clean', 0):.0f}; its exec helper shares that "
+            f"address space (read there too: PSS {r.get('helper_Pss', 0):.0f}, not to be added); "
+            f"the zygote PSS {r.get('zygote_Pss', 0):.0f}"]
+
+
+def _sdk(r: dict[str, Any]) -> list[str]:
+    head = "MCP initialize round trip through the official Python SDK (stdio_client + initialize, ms)"
+    if "skipped" in r or "error" in r:
+        return [head, f"  {r.get('label', '')} {r.get('skipped') or 'failed: ' + r['error']}"]
+    med = r["median_ms"]
+    return [head, f"  {r['label']}: median of {r['runs']} interleaved: direct {med['direct']:.1f}, "
+                  f"daemon (run) {med['daemon']:.1f} ({r['daemon_added_ms']:+.1f}), "
+                  f"private (run --manifests) {med['private']:.1f} ({r['private_added_ms']:+.1f})"]
+
+
 def _targets(targets: list[dict[str, Any]]) -> list[str]:
     return ["Issue 5 targets"] + [f"  [{t['verdict']:>4}] {t['name']:<58} {t['value']}" for t in targets]
 
 
 # The sections after the latency table: each printed when its figures exist, after a blank line.
 SECTIONS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
-    ("heap_sweep", _heap_sweep), ("throughput", _throughput), ("rss", _rss), ("mcp", _mcp), ("targets", _targets))
+    ("heap_sweep", _heap_sweep), ("throughput", _throughput), ("rss", _rss), ("mcp", _mcp),
+    ("ready_child", _ready_child), ("sdk", _sdk), ("targets", _targets))
 
 
 def _get(lat: dict[str, Any], key: str, *path: str) -> Any:
@@ -171,7 +192,7 @@ def _verdict(name: str, value: float | None, limit: float, fmt_: str, better: st
 
 
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 5's targets, each PASS, MISS or n/a (not measured) with its figure."""
+    """Issue 5's targets, then issue 14's, each PASS, MISS or n/a (not measured) with its figure."""
     out = [row for t in ("true", "cat") for row in _latency_targets(res["latency"], t)]
     tp = res.get("throughput", {}).get("forkserver:4", {}).get("spawns_per_s")
     out.append(_verdict(">= 1000 spawns/s with 4 clients", tp, 1000, "{:.0f}/s", "ge"))
@@ -180,6 +201,13 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         25, "{:.1f} MiB"))
     out.append(_verdict(f"no RSS growth after {rss['spawns'] if rss else '?'} spawns (<= 256 KiB once settled)",
                         rss and rss["settled_kib"] - rss["before_kib"], 256, "{:+d} KiB"))
+    out.append(_verdict("true: manifest without pool: p50 <= 2.2x floor (issue 14)",
+                        _get(res["latency"], "forkserver_auto:true", "x_floor", "p50"), 2.2, "{:.2f}x"))
+    sdk = res.get("sdk") or {}
+    out.append(_verdict("SDK initialize, daemon: <= +25 ms over direct (issue 14)", sdk.get("daemon_added_ms"),
+                        25, "{:+.1f} ms"))
+    out.append(_verdict("SDK initialize, private: <= +70 ms over direct (issue 14)", sdk.get("private_added_ms"),
+                        70, "{:+.1f} ms"))
     return out
 
 

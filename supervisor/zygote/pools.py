@@ -1,4 +1,4 @@
-"""The supervisor's record of its pooled children: the pools running, the children ready for a request, those sent away, and the session gids of all of them."""
+"""The supervisor's record of its pooled children: the pools running, the children ready for a request, those sent away, the session gids of all of them, and the demand that keeps `pool: auto` pools."""
 from __future__ import annotations
 
 import errno
@@ -40,6 +40,61 @@ class Gids:
     def release(self, gid: int | None) -> None:
         if gid is not None:
             self.used.discard(gid)
+
+
+class Demand:
+    """`pool: auto` (the default): whether a manifest is spawned often
+    enough to keep children ready. None for a manifest spawned now and then;
+    one once it is spawned ENGAGE times within WINDOW seconds; one more
+    each time a spawn finds none ready, up to CAP, while the spawns go on;
+    none again (drained) after `idle` seconds without a spawn."""
+    ENGAGE, WINDOW, CAP = 3, 10.0, 4
+
+    def __init__(self, idle: float = 300.0) -> None:
+        self.idle = idle
+        self.recent: dict[str, list[float]] = {}   # not engaged: the last spawns' times
+        self.size: dict[str, int] = {}             # engaged: the pool's size now
+        self.last: dict[str, float] = {}           # engaged: its last spawn
+
+    def spawned(self, name: str, now: float) -> int:
+        """A spawn of `name` now: the size its pool should have (0: none)."""
+        if name in self.size:
+            self.last[name] = now
+            return self.size[name]
+        times = [t for t in self.recent.get(name, ()) if now - t <= self.WINDOW]
+        times.append(now)
+        if len(times) < self.ENGAGE:
+            self.recent[name] = times
+            return 0
+        self.recent.pop(name, None)
+        self.size[name], self.last[name] = 1, now
+        return 1
+
+    def grow(self, name: str) -> bool:
+        """A spawn found no child ready: one more, unless at CAP."""
+        if self.size.get(name, self.CAP) >= self.CAP:
+            return False
+        self.size[name] += 1
+        return True
+
+    def idle_since(self, now: float) -> list[str]:
+        """The engaged pools idle for `idle` seconds, forgotten."""
+        names = [name for name, last in self.last.items() if now - last >= self.idle]
+        for name in names:
+            self.forget(name)
+        return names
+
+    def due(self, now: float) -> float | None:
+        """Seconds until the next pool goes idle, or None when none is engaged."""
+        return max(0.0, min(self.last.values()) + self.idle - now) if self.last else None
+
+    def forget(self, name: str | None = None) -> None:
+        """Start over for `name` (None: every manifest, a reload)."""
+        for table in (self.recent, self.size, self.last):
+            if name is None:
+                table.clear()
+            else:
+                table.pop(name, None)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,7 +28,7 @@ import landlock
 
 from . import messages
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
-from .pools import Gids, Pools, Waiting, proc_limits
+from .pools import Demand, Gids, Pools, Waiting, proc_limits
 
 _BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
@@ -41,7 +42,8 @@ class Launch:
     cwd: str
     umask: int
     confinement: landlock.Confinement
-    pool: tuple[str, int] | None = None   # (manifest, size): a pool of its children may serve this
+    pool: tuple[str, int | None] | None = None   # (manifest, size; None: adaptive, see Demand): a pool of
+                                                 # its children may serve this
     session_gid: bool = False             # each child gets a gid of its own (see Gids)
 
     def request(self) -> bytes:
@@ -83,13 +85,14 @@ class ZygoteProcess:
     pools.Pools; `ready`, `retired` and `tampered` are its)."""
 
     def __init__(self, selector: selectors.BaseSelector, gids: Gids | None = None,
-                 nofile: tuple[int, int] | None = None) -> None:
+                 nofile: tuple[int, int] | None = None, pool_idle: float = 300.0) -> None:
         self.selector = selector
         self.nofile = nofile    # the zygote's NOFILE limit, so its children's: the supervisor's before it raised it
         self.pid: int | None = None
         self.requests: socket.socket | None = None   # see messages
         self.events: socket.socket | None = None
         self.pools = Pools(gids)
+        self.demand = Demand(pool_idle)   # the `pool: auto` manifests'
         self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
 
     @property
@@ -182,12 +185,19 @@ class ZygoteProcess:
         confinement changed, for the next spawns)."""
         assert launch.pool is not None
         name, size = launch.pool
+        adaptive = size is None
+        if size is None:
+            size = self.demand.spawned(name, time.monotonic())
+            if not size:
+                return None
         generation, confinement = self.pools.running.get(name, (0, None))
         if confinement is not launch.confinement:
             self._pool(name, size, launch)
             return None
         self.receive()
         if not self.pools.ready.get(name):
+            if adaptive and self.demand.grow(name):
+                self._refill(name, generation, launch.session_gid)
             return None
         request = launch.request()
         if len(request) > messages.HANDOVER_MAX:
@@ -204,20 +214,23 @@ class ZygoteProcess:
                     continue
                 finally:
                     child.handover.close()
-                try:
-                    gid = self.pools.gid(launch.session_gid)
-                except OSError:
-                    pass  # no gid free: the pool shrinks by one
-                else:
-                    try:
-                        self._send(Refill(name, generation, gid))
-                    except OSError:
-                        self.close()
+                self._refill(name, generation, launch.session_gid)
                 return Started(child.pid, errpipe, child.gid)
         finally:
             os.close(err_w)
         os.close(errpipe)
         return None
+
+    def _refill(self, name: str, generation: int, session_gid: bool) -> None:
+        """One more child for pool `name` (a replacement, or growth)."""
+        try:
+            gid = self.pools.gid(session_gid)
+        except OSError:
+            return  # no gid free: the pool shrinks by one
+        try:
+            self._send(Refill(name, generation, gid))
+        except OSError:
+            self.close()
 
     def _pool(self, name: str, size: int, launch: Launch) -> None:
         new = self.pools.new(name, size, launch.session_gid)
@@ -235,14 +248,26 @@ class ZygoteProcess:
         self.pools.running[name] = (generation, launch.confinement)
 
     def drain(self) -> None:
-        """Every pool emptied and stopped (a reload)."""
+        """Every pool emptied and stopped (a reload); demand counted afresh."""
+        self.demand.forget()
         for name in list(self.pools.running):
-            self.pools.retire(name)
-            if self.requests is not None:
-                try:
-                    self._send(Drain(name))
-                except OSError:
-                    self.close()
+            self._drain(name)
+
+    def drain_idle(self) -> float | None:
+        """The `pool: auto` pools idle too long, emptied and stopped; the
+        seconds until the next one may be (None: no adaptive pool left)."""
+        now = time.monotonic()
+        for name in self.demand.idle_since(now):
+            self._drain(name)
+        return self.demand.due(now)
+
+    def _drain(self, name: str) -> None:
+        self.pools.retire(name)
+        if self.requests is not None:
+            try:
+                self._send(Drain(name))
+            except OSError:
+                self.close()
 
     def reaped(self, pid: int) -> bool:
         """Whether a reaped pid was a pooled child (or one sent away)."""

@@ -177,14 +177,19 @@ class Lab:
     def manifest(self, name: str, *, command: str, directory: Path | None = None,
                  raw: str | None = None, **fields: Any) -> Path:
         """Write NAME.yaml; tag its env; allow_root unless a user is given;
-        sandbox defaults to the system profile."""
+        sandbox defaults to the system profile; `pool: 0` unless a pool is
+        given (pool=None: no pool key, the adaptive default, which the
+        tests counting a supervisor's fds and children would see come and
+        go: tests/supervisor/test_pool.py tests it)."""
         directory = directory or self.manifest_dir
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.yaml"
         if raw is not None:
             path.write_text(raw)
             return path
-        data: dict[str, Any] = {"command": command, **fields}
+        data: dict[str, Any] = {"command": command, "pool": 0, **fields}
+        if data["pool"] is None:
+            del data["pool"]
         data["env"] = {"LLS_TEST_TAG": self.tag, **(data.get("env") or {})}
         if "user" not in data:
             data.setdefault("allow_root", True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 
 import pytest
 
@@ -328,3 +329,57 @@ def test_zygote_holds_nothing_of_the_supervisor(sv):
     assert {fd: fds[fd] for fd in (0, 1, 2)} == ours
     assert fds[3].startswith("socket:") and fds[4].startswith("socket:")
     assert sorted(fds) == [0, 1, 2, 3, 4, 5] and fds[5] == f"/proc/{zygote}/stat", fds
+
+
+# ---- pool: auto, the default ---------------------------------------------
+
+def _auto_lab(lab, **env: str):
+    lab.manifest("auto", command="/bin/true", user=65534, pool=None)   # no pool setting
+    lab.manifest("rare", command="/bin/true", user=65534, pool=None)
+    lab.manifest("nproc", command="/bin/true", user=65534, pool=None, sandbox={"profiles": ["system"],
+                                                                   "rlimits": {"NPROC": 50}})
+    lab.manifest("off", command="/bin/true", user=65534, pool=0)
+    return lab.start(env=env)
+
+
+@pytest.mark.timeout(30)
+def test_auto_pool_after_a_burst_none_after_one_spawn(lab):
+    """A manifest without `pool:` keeps a child ready once it is spawned a
+    few times in a row (Demand.ENGAGE within WINDOW s), and none after one
+    spawn; `pool: 0` never; an NPROC limit never (waiting children would
+    count against it). The ready child is a pooled one like any other."""
+    from supervisor.zygote.pools import Demand
+    sv = _auto_lab(lab)
+    assert run(sv.client, "rare").code == 0
+    for name in ("auto", "nproc", "off"):
+        for _ in range(Demand.ENGAGE + 2):
+            assert run(sv.client, name).code == 0
+    assert wait_until(lambda: _pooled(sv, "auto") >= 1, 5), sv.client.stats()
+    waiting = set(_waiting_children(sv))
+    assert waiting and len(waiting) <= Demand.CAP, waiting
+    time.sleep(0.5)
+    pooled = sv.client.stats()["pooled"]
+    assert set(pooled) == {"auto"}, pooled
+    assert run(sv.client, "auto").child.pid in waiting   # served by a ready child
+    assert wait_until(lambda: _pooled(sv, "auto") >= 1, 5)
+    sv.signal(signal.SIGHUP)   # a reload drains it, as any pool
+    assert wait_until(lambda: not sv.client.stats()["pooled"] and not _others(sv), 5), _others(sv)
+    stats = sv.client.stats()
+    assert stats["reaped_orphans"] == 0 and stats["failed"] == 0, stats
+
+
+@pytest.mark.timeout(30)
+def test_auto_pool_drained_after_idle(lab):
+    """The ready children of an adaptive pool go after the idle time
+    (LANDLOCK_SUPERVISOR_POOL_IDLE, 300 s by default, 1 s here), and its
+    demand is counted afresh."""
+    from supervisor.zygote.pools import Demand
+    sv = _auto_lab(lab, LANDLOCK_SUPERVISOR_POOL_IDLE="1")
+    for _ in range(Demand.ENGAGE):
+        assert run(sv.client, "auto").code == 0
+    assert wait_until(lambda: _pooled(sv, "auto") >= 1, 5), sv.client.stats()
+    assert wait_until(lambda: _pooled(sv, "auto") == 0 and not _others(sv), 5), (sv.client.stats(), _others(sv))
+    assert run(sv.client, "auto").code == 0
+    time.sleep(0.3)
+    assert _pooled(sv, "auto") == 0   # one spawn after the drain: none yet
+    assert sv.client.stats()["reaped_orphans"] == 0

@@ -30,7 +30,7 @@ def test_counts(quick: bool, fast: bool, budget: float, want: tuple[int, float])
 def test_options_defaults_and_hidden_worker() -> None:
     a = options.parse([])
     assert (a.quick, a.json, a.pool, a.heap_mib, a.threads, a.rt, a.worker) == (False, None, 4, 1024, 4, False, None)
-    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp"}
+    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp", "sdk"}
     a = options.parse(["--quick", "--json", "out.json", "--sections", "rss", "--pool", "0", "--nice", "-5"])
     assert (a.quick, a.json, a.sections, a.pool, a.nice) == (True, "out.json", "rss", 0, -5)
     w = options.parse(["--worker", "forkserver", "--socket", "/s", "--manifest", "true"])
@@ -85,7 +85,7 @@ def test_targets_verdicts() -> None:
     res["rss"] = {"after_kib": 20 * 1024, "end_kib": 30 * 1024, "settled_kib": 1100, "before_kib": 1000,
                   "spawns": 2000}
     rows = {t["name"]: t for t in report.targets(res)}
-    assert len(rows) == 19
+    assert len(rows) == 22
     assert rows["true: fork-server p50 <= 2.5x floor (aim 2.0x)"]["verdict"] == "PASS"
     assert rows["true: fork-server p50 <= 2.5x floor (aim 2.0x)"]["value"] == "2.00x"
     assert rows["true: fork-server p99 <= 4x floor p50"]["verdict"] == "PASS"
@@ -97,12 +97,18 @@ def test_targets_verdicts() -> None:
     assert rows[">= 1000 spawns/s with 4 clients"]["value"] == "1200/s"
     assert rows["supervisor RSS < 25 MiB"]["verdict"] == "MISS"  # the larger of after and end
     assert rows["no RSS growth after 2000 spawns (<= 256 KiB once settled)"]["value"] == "+100 KiB"
+    res["latency"]["forkserver_auto:true"] = {"x_floor": {"p50": 2.5}}
+    res["sdk"] = {"daemon_added_ms": 20.0, "private_added_ms": 90.0}
+    rows = {t["name"]: t for t in report.targets(res)}
+    assert rows["true: manifest without pool: p50 <= 2.2x floor (issue 14)"]["value"] == "2.50x"
+    assert rows["SDK initialize, daemon: <= +25 ms over direct (issue 14)"]["verdict"] == "PASS"
+    assert rows["SDK initialize, private: <= +70 ms over direct (issue 14)"]["value"] == "+90.0 ms"
 
 
 def test_targets_when_nothing_ran() -> None:
     rows = report.targets({"latency": {}})
-    assert [r["verdict"] for r in rows] == ["n/a"] * 19
-    assert rows[-1]["name"] == "no RSS growth after ? spawns (<= 256 KiB once settled)"
+    assert [r["verdict"] for r in rows] == ["n/a"] * 22
+    assert rows[-4]["name"] == "no RSS growth after ? spawns (<= 256 KiB once settled)"
 
 
 def machine(load_end: str = "0.10") -> dict[str, Any]:

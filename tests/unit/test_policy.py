@@ -42,6 +42,8 @@ def req(**fields: Any) -> dict[str, Any]:
 
 
 NO_POOL = replace(MANIFEST, pool=0)
+AUTO_POOL = replace(MANIFEST, pool="auto")
+AUTO_NPROC = replace(MANIFEST, pool="auto", spec=replace(SPEC, rlimits={"NPROC": 50}))
 NO_CLIENT_ARGS = replace(MANIFEST, client_args=False)
 OWN_GROUP = replace(MANIFEST, spec=replace(SPEC, group="app"))
 
@@ -142,6 +144,10 @@ TABLE: list[tuple[str, Manifest, dict[str, Any], tuple[int, int], bool, Any]] = 
      req(narrow={"read_only": ["/usr"], "connect_tcp": [80, 443], "rlimits": {"CPU": 60}}), (0, 0), False,
      {"pool": ("app", 2)}),
     ("no pool", NO_POOL, req(), (0, 0), False, {"pool": None}),
+    # pool: auto (the default): adaptive, never under an NPROC limit (waiting children count against it)
+    ("auto pool", AUTO_POOL, req(), (0, 0), False, {"pool": ("app", None)}),
+    ("auto pool, narrowed", AUTO_POOL, req(narrow={"connect_tcp": [80]}), (0, 0), False, {"pool": None}),
+    ("auto pool, NPROC", AUTO_NPROC, req(), (0, 0), False, {"pool": None}),
     # the session gid: kept unless the manifest names its group
     ("own group, no session gid", OWN_GROUP, req(), (0, 0), False, {"session_gid": False}),
 ]
@@ -184,3 +190,17 @@ def test_messages_name_the_field():
         "narrow.read_write: /srv/data/loop: cannot be resolved: Too many levels of symbolic links"
     assert refusal(env={"SECRET": "x"}) == "env: manifest 'app' does not take SECRET from clients (it takes: TOKEN)"
     assert refusal(narrow={"connect_tcp": [22]}) == "narrow.connect_tcp: only ports the manifest grants ([80, 443])"
+
+
+def test_adaptive_pool_demand():
+    """pool: auto: none for a manifest spawned now and then, one after a
+    burst, growing to the cap on misses, drained after `idle` seconds."""
+    from supervisor.zygote.pools import Demand
+    d = Demand(idle=60)
+    assert [d.spawned("a", t) for t in (0, 20, 40, 60)] == [0, 0, 0, 0]  # once every 20 s: never
+    assert d.due(60) is None
+    assert [d.spawned("b", t) for t in (100, 101, 102, 103)] == [0, 0, 1, 1]
+    assert [d.grow("b") for _ in range(4)] == [True, True, True, False] and d.spawned("b", 104) == Demand.CAP
+    assert d.due(110) == 54 and d.idle_since(163) == [] and d.idle_since(164) == ["b"]
+    assert d.spawned("b", 165) == 0 and d.due(165) is None  # counted afresh
+    assert not d.grow("a")  # not engaged: nothing to grow

@@ -1,0 +1,52 @@
+"""The initialize round trip through the official MCP Python SDK, run with
+its own venv's interpreter (.clients/py, scripts/install-clients), never
+imported by the benchmark:
+
+    .clients/py/bin/python sdk_client.py SPEC.json
+
+SPEC: {"runs": N, "timeout": S, "variants": {KEY: {"command", "args", "env"}}}.
+Each run starts every variant once, in turn (interleaved), as an MCP client
+does (stdio_client), and times from the start to initialize()'s return; the
+session is closed before the next. Prints {KEY: [ms, ...]} (or {"error"}).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import anyio
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+
+async def once(variant: dict[str, Any], timeout: float) -> float:
+    params = StdioServerParameters(command=variant["command"], args=variant.get("args", []), env=variant.get("env"))
+    with anyio.fail_after(timeout):
+        t0 = time.perf_counter()
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return (time.perf_counter() - t0) * 1000
+    raise AssertionError("unreachable")
+
+
+async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {key: [] for key in spec["variants"]}
+    for key, variant in spec["variants"].items():   # a warm-up each: page cache, rulesets
+        await once(variant, spec["timeout"])
+    for _ in range(spec["runs"]):
+        for key, variant in spec["variants"].items():
+            out[key].append(await once(variant, spec["timeout"]))
+    return out
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    try:
+        result = anyio.run(main, spec)
+    except BaseException as e:  # noqa: BLE001 - reported to the benchmark
+        result = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(result))
