@@ -106,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import grp
 
-    from .manifest import ManifestError
     from .paths import NoDefaultSocket, default_socket_path, default_state_root
-    from .server import Config, Limits, Supervisor
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
@@ -137,18 +135,33 @@ def _serve(args: argparse.Namespace) -> int:
     for option, value in numbers.items():
         if value < 1:
             return _fail(EXIT_USAGE, f"{option}: expected a positive number, got {value}")
+    state_root = args.state_root or default_state_root()
+    early = None
+    if args.control_fd is not None:
+        # A private supervisor: its zygote boots while the modules below import.
+        from .early import prepare
+        from .zygote import boot
+        isolation = prepare(state_root)
+        try:
+            early = isolation, boot.launch()
+        except OSError as e:
+            raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
+    from .manifest import ManifestError
+    from .server import Config, Limits, Supervisor
     limits = Limits(grace=args.grace, connections=args.max_connections,
                     connections_per_uid=args.max_connections_per_uid,
                     owner_connections=min(32, args.max_connections // 4),
                     children=args.max_children, children_per_uid=args.max_children_per_uid)
     config = Config(manifest_paths=args.manifests, socket_path=socket_path, listen_fd=listen_fd,
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
-                    state_root=args.state_root or default_state_root(), limits=limits,
+                    state_root=state_root, limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
                     session_gids=session_gids if os.geteuid() == 0 else None, only=args.only)
     try:
-        supervisor = Supervisor(config)
+        supervisor = Supervisor(config, early)
     except (ManifestError, OSError) as e:
+        if early is not None:
+            early[1].abandon()
         return _fail(EXIT_USAGE, f"not starting: {e}")
     return supervisor.serve()
 

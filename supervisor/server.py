@@ -15,14 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import prctl
-
-import landlock
-
 from . import ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
+from .early import KEEP_CAPABILITIES, keep_stdio_open, prepare
 from .connections import Connection, Connections, Handler
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits
@@ -32,17 +29,11 @@ from .manifest import Manifest, ManifestError
 from .paths import default_socket_path
 from .survivors import Records
 from .zygote.pools import Gids
+from .zygote.boot import Booting
 from .zygote.process import Launch, ZygoteProcess
 
 __all__ = ["Config", "Limits", "Supervisor"]
 
-# What a root supervisor keeps in its bounding set: users and groups to
-# switch to, capabilities and securebits to drop, state directories to chown,
-# paths of other users to read, children of other uids to signal, its own
-# resource limits to restore.
-KEEP_CAPABILITIES = (prctl.CAP_CHOWN, prctl.CAP_DAC_OVERRIDE, prctl.CAP_DAC_READ_SEARCH,
-                     prctl.CAP_FOWNER, prctl.CAP_KILL, prctl.CAP_SETGID, prctl.CAP_SETUID,
-                     prctl.CAP_SETPCAP, prctl.CAP_SYS_RESOURCE)
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDIO_NAMES = ("stdin", "stdout", "stderr")
 POOL_IDLE = 300.0
@@ -67,8 +58,10 @@ class Config:
 
 
 class Supervisor:
-    def __init__(self, config: Config) -> None:
-        _keep_stdio_open()
+    def __init__(self, config: Config, early: tuple[namespaces.Isolation | None, Booting] | None = None) -> None:
+        """early: prepare()'s isolation and a zygote spawned after it, not
+        waited for (a private supervisor's, see cli._serve)."""
+        keep_stdio_open()
         self.config = config
         self.limits = config.limits
         self.pid = os.getpid()
@@ -77,7 +70,8 @@ class Supervisor:
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
         self.stopping = False
         self.owned_socket_path: str | None = None   # bound here: removed at the end
-        self.isolation: namespaces.Isolation | None = None
+        self.isolation: namespaces.Isolation | None = early[0] if early else None
+        self.booting: Booting | None = early[1] if early else None
         self.confinements = Confinements()
         self.gids = Gids(*config.session_gids) if config.session_gids else None
         pool_idle = config.pool_idle
@@ -125,16 +119,13 @@ class Supervisor:
         return out
 
     def serve(self) -> int:
-        prctl.set_child_subreaper(1)
-        if os.geteuid() == 0:
-            # Before the zygote: it and every child inherit the namespaces.
-            self.isolation = namespaces.isolate(
-                log, _dynamic_users(self.manifests),
-                os.path.join(self.config.state_root, "nss") if self.config.state_root else None)
-        if prctl.cap_effective.setpcap:
-            landlock.privileges.limit_bounding_set(KEEP_CAPABILITIES)
+        if self.booting is None:
+            self.isolation = prepare(self.config.state_root)
+            if self.isolation is not None:
+                self.isolation.users(_dynamic_users(self.manifests))
+        booting, self.booting = self.booting, None
         try:
-            self.zygote.start()  # after the bounding set shrank: it inherits that
+            self.zygote.start(booting)  # after prepare(): it inherits what that did
         except OSError as e:
             raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
         self.children.records.end_survivors(log)
@@ -336,15 +327,3 @@ def check_stdio(fds: list[int], m: Manifest) -> None:
 
 def _dynamic_users(loaded: dict[str, Manifest]) -> dict[int, str]:
     return {m.uid: ids.user_name(m.name) for m in loaded.values() if m.dynamic and m.uid is not None}
-
-
-def _keep_stdio_open() -> None:
-    """Fds 0-2 always open, so a received fd never lands on them."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open("/dev/null", os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd, inheritable=False)
-                os.close(null)

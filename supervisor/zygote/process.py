@@ -16,7 +16,6 @@ import select
 import selectors
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -26,11 +25,12 @@ import prctl
 
 import landlock
 
-from . import messages
+from . import boot, messages
+from .boot import _BOOT, import_paths  # noqa: F401 (re-exported: tests read them here)
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
 from .pools import Demand, Gids, Pools, Waiting, proc_limits
 
-_BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
+assert (boot.REQUESTS_FD, boot.EVENTS_FD) == (messages.REQUESTS_FD, messages.EVENTS_FD)
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
 
 
@@ -59,14 +59,6 @@ class Started(NamedTuple):
     pid: int
     errpipe: int         # the read end of its error pipe: EOF at exec, else a ChildFailure
     gid: int | None      # its session gid, the caller's to give back once the child is reaped
-
-
-def import_paths() -> list[str]:
-    """The zygote runs with -S: no site, so no site-packages; where each of
-    its imports lives, instead."""
-    return list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
-        os.path.dirname(os.path.dirname(__file__)), os.path.dirname(landlock.__file__), prctl.__file__,
-        _prctl.__file__)))
 
 
 def _error_pipe() -> tuple[int, int]:
@@ -107,28 +99,12 @@ class ZygoteProcess:
     def tampered(self) -> list[int]:
         return self.pools.tampered
 
-    def start(self) -> None:
-        kind = socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
-        requests, their_requests = socket.socketpair(*kind)
-        events, their_events = socket.socketpair(*kind)
-        try:
-            # A fresh interpreter, not a fork of ours: small, and nothing of
-            # the supervisor's in it. Its own session: a terminal's ^C is the
-            # supervisor's to handle. No environment: children get theirs.
-            self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *import_paths()], {},
-                                      file_actions=[
-                                          (os.POSIX_SPAWN_DUP2, their_requests.fileno(), messages.REQUESTS_FD),
-                                          (os.POSIX_SPAWN_DUP2, their_events.fileno(), messages.EVENTS_FD)],
-                                      setsid=True, setsigmask=())
-        except OSError:
-            requests.close()
-            events.close()
-            raise
-        finally:
-            their_requests.close()
-            their_events.close()
-        self.requests, self.events = requests, events
-        self.selector.register(events, selectors.EVENT_READ, lambda key: self.receive())
+    def start(self, booting: boot.Booting | None = None) -> None:
+        """Spawn the zygote (or take one spawned already) and wait for its Ready."""
+        if booting is None:
+            booting = boot.launch()
+        self.pid, self.requests, self.events = booting
+        self.selector.register(booting.events, selectors.EVENT_READ, lambda key: self.receive())
         reply = self._reply()
         if not isinstance(reply, Ready):
             raise OSError(errno.EPROTO, f"the zygote said {reply!r} at start")
