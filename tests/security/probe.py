@@ -347,6 +347,27 @@ def op_key_search(which, description):
     return op_key_read(key)
 
 
+def op_persistent_keyring():
+    """KEYCTL_GET_PERSISTENT: this uid's persistent keyring, linked into our session one."""
+    return _keyctl(ctypes.c_long(22), ctypes.c_long(-1), ctypes.c_long(KEY_SPECS["session"]))
+
+
+def op_key_add_to(ring, description, payload):
+    c = libc()
+    c.syscall.restype = ctypes.c_long
+    data = payload.encode()
+    ret = c.syscall(ctypes.c_long(_ADD_KEY_NR[os.uname().machine]), b"user", description.encode(), data,
+                    ctypes.c_size_t(len(data)), ctypes.c_long(ring))
+    if ret < 0:
+        _oserror("add_key")
+    return ret
+
+
+def op_key_search_in(ring, description):
+    key = _keyctl(ctypes.c_long(10), ctypes.c_long(ring), b"user", description.encode(), ctypes.c_long(0))
+    return op_key_read(key)
+
+
 def op_key_read(key):
     buf = ctypes.create_string_buffer(256)
     n = _keyctl(ctypes.c_long(11), ctypes.c_long(key), buf, ctypes.c_long(256))  # KEYCTL_READ

@@ -81,3 +81,24 @@ def test_root_children_reach_roots_keyrings(arena: Arena) -> None:
     finally:
         _unlink(key, syscalls.KEY_SPEC_USER_KEYRING)
     check_limit("root-keyrings", any(r["ok"] and r["value"] == "root's key" for r in o.results))
+
+
+@pytest.mark.timeout(30)
+def test_persistent_keyring_shared_by_one_uid(arena: Arena, ident: Identity) -> None:
+    """KEYCTL_GET_PERSISTENT links the uid's persistent keyring into the
+    session keyring: one session of a uid puts a key there, the next one of
+    the same uid reads it (for an allow_root child, that is root's
+    persistent keyring). Per uid, by the kernel's design."""
+    description = f"llsv-{uuid.uuid4().hex[:12]}"
+    ring = arena.attack(ident, [["persistent_keyring"]])[0]["value"]
+    o = arena.attack(ident, [["persistent_keyring"], ["key_add_to", ring, description, "across sessions"]])
+    assert o[1]["ok"], o
+    o = arena.attack(ident, [["persistent_keyring"], ["key_search_in", ring, description]])
+    try:
+        check_limit("persistent-keyring", o[1]["ok"] and o[1]["value"] == "across sessions")
+    finally:
+        try:
+            key = syscalls.keyctl(syscalls.KEYCTL_SEARCH, ring, b"user", description.encode(), 0)
+            syscalls.keyctl(9, key, ring)  # KEYCTL_UNLINK
+        except OSError:
+            pass
