@@ -89,6 +89,13 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
     pid; the child leaves by exec or os._exit."""
     if enter.thread_count(zygote.stat_fd) != 1:
         raise OSError(errno.EDEADLK, "the zygote has more than one thread: refusing to fork")
+    entry = target.entry
+    if gid is not None:
+        # A gid no other process has: prlimit(2) needs the caller's uid AND
+        # gid to match the target's. Made here, not in the child, where
+        # every object made costs copy-on-write faults.
+        uid, _, groups = entry.credentials or (0, 0, ())
+        entry = entry._replace(credentials=(uid, gid, groups))
     # Blocked across fork: no handler runs in the child, which unblocks
     # them only at exec, after resetting the ones we changed.
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ALL_SIGNALS)
@@ -102,13 +109,13 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
-        _run(zygote, target, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
+        _run(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
     return pid
 
 
-def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None, err_w: int, ruleset_fd: int, stdio: list[int] | None,
-         request: int, size: int, handover: int, helper: bool) -> None:
+def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.Entry, gid: int | None, err_w: int,
+         ruleset_fd: int, stdio: list[int] | None, request: int, size: int, handover: int, helper: bool) -> None:
     """The child: (a pooled one says "ready" on err_w, then waits for its
     request and the supervisor's error pipe), exec. Never returns."""
     stage = "signals"
@@ -144,12 +151,6 @@ def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
                     os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
         stage = "setsid"
         os.setsid()
-        entry = target.entry
-        if gid is not None:
-            # A gid no other process has: prlimit(2) needs the caller's uid
-            # AND gid to match the target's.
-            uid, _, groups = entry.credentials or (0, 0, ())
-            entry = entry._replace(credentials=(uid, gid, groups))
         for stage, step in enter.CONFINE:
             step(entry, ruleset_fd)
         stage = "chdir"  # as the target user: a directory it could not enter is an error

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from landlock import enter
-from supervisor.zygote import child, messages, process
+from supervisor.zygote import boot, child, messages
 
 # What the zygote's entry may load beyond a bare `python -I -S`: C modules,
 # what ctypes and collections bring, prctl, landlock.enter, and this
@@ -29,14 +29,14 @@ BUDGET_STDLIB = {"__future__", "_collections", "_collections_abc", "_ctypes", "_
 
 def _modules(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"{code}; import sys; print(' '.join(sys.modules))",
-                          *process.import_paths()], capture_output=True, text=True, env={}, check=True)
+                          *boot.import_paths()], capture_output=True, text=True, env={}, check=True)
     return set(out.stdout.split())
 
 
 def test_zygote_import_budget():
-    """As ZygoteProcess.start runs it, the zygote's entry loads nothing more."""
-    boot = process._BOOT.replace("main.main()", "main")   # imported, not run
-    loaded = _modules(boot) - _modules("import sys; sys.path[:0] = sys.argv[1:]")
+    """As zygote.boot starts it, the zygote's entry loads nothing more."""
+    entry = boot._BOOT.replace("main.main()", "main")   # imported, not run
+    loaded = _modules(entry) - _modules("import sys; sys.path[:0] = sys.argv[1:]")
     ours = {name for name in loaded if name.split(".")[0] in ("supervisor", "landlock", "prctl", "_prctl")}
     assert ours == BUDGET_OURS
     assert loaded - ours <= BUDGET_STDLIB, sorted(loaded - ours - BUDGET_STDLIB)
@@ -114,14 +114,14 @@ if sys.argv[1] == "fresh":
     request = os.memfd_create("request")
     os.write(request, data)
     target = messages.Spawn("/bin/true", "/", 0o22, entry, None, len(data))
-    child._run(zygote, target, None, err_w, -1, stdio, request, len(data), -1, False)
+    child._run(zygote, target, target.entry, None, err_w, -1, stdio, request, len(data), -1, False)
 else:
     import socket
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     errpipe, child_err_w = os.pipe()
     messages.send(ours, messages.Request(["/bin/true"], {}), [*stdio, child_err_w])
     target = messages.Pool("/bin/true", "/", 0o22, entry, "p", 1, (None,))
-    child._run(zygote, target, None, err_w, -1, None, -1, 0, theirs.fileno(), False)
+    child._run(zygote, target, target.entry, None, err_w, -1, None, -1, 0, theirs.fileno(), False)
 """
 
 # landlock-exec as its command line runs it, recording the calls of the
