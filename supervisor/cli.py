@@ -201,10 +201,6 @@ class _Relay:
                 self.outbound[r] = fd
                 self.ours.append(w)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.ours or self.outbound or self.inbound is not None)
-
     def started(self) -> None:
         for fd in self.ours:
             os.close(fd)

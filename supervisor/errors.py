@@ -64,11 +64,3 @@ class Refused(SupervisorError):
 
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message, code)
-
-
-class ZygoteError(SupervisorError):
-    """The zygote broke its channel's rules (an answer out of turn, a wrong
-    first message): the supervisor closes it and starts another."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Code.FORK_FAILED)

@@ -62,7 +62,6 @@ def _why(e: OSError) -> str:
 class Isolation:
     log: Callable[[str], None]
     directory: str | None               # where our passwd and group files live
-    ipc: bool = False
     mounts: bool = False
     notes: list[str] = field(default_factory=list)
     _base: dict[str, str] = field(default_factory=dict)     # the host's text of each file
@@ -116,7 +115,6 @@ def isolate(log: Callable[[str], None], users: dict[int, str] | None = None,
     iso = Isolation(log, directory)
     try:
         unshare(CLONE_NEWIPC)
-        iso.ipc = True
     except OSError as e:
         iso.notes.append(f"no IPC namespace ({_why(e)}): servers share the host's SysV IPC objects")
     try:

@@ -19,7 +19,7 @@ from . import ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
-from .early import KEEP_CAPABILITIES, keep_stdio_open, prepare
+from .early import keep_stdio_open, prepare
 from .connections import Connection, Connections, Handler
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits

@@ -16,8 +16,6 @@ from .measure import log
 
 CLIENT_PYTHON = REPO / ".clients" / "py" / "bin" / "python"
 SUPERVISOR = REPO / ".venv" / "bin" / "landlock-supervisor"
-# Issue 14: over direct launch, medians of 10 interleaved runs.
-DAEMON_LIMIT_MS, PRIVATE_LIMIT_MS = 25.0, 70.0
 
 
 def phase(bench: Bench) -> dict[str, Any]:

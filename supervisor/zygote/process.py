@@ -20,13 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import _prctl
-import prctl
-
 import landlock
 
 from . import boot, messages
-from .boot import _BOOT, import_paths  # noqa: F401 (re-exported: tests read them here)
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
 from .pools import Demand, Gids, Pools, Waiting, proc_limits
 
