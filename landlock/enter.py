@@ -23,9 +23,12 @@ from . import syscalls
 #   all of which go (then ambient, inheritable, permitted and effective);
 # lock_securebits: root stays powerless for good (needs CAP_SETPCAP);
 # rlimits: ((resource, soft, hard), ...), already clamped;
-# restrict_flags: landlock_restrict_self() flags.
+# restrict_flags: landlock_restrict_self() flags;
+# canary: a file the domain denies, opened once after restrict_self so the
+#   audit log names the new domain with this pid (None: audit not read).
 Entry = collections.namedtuple(
-    "Entry", "credentials drop_capabilities lock_securebits rlimits restrict_flags")
+    "Entry", "credentials drop_capabilities lock_securebits rlimits restrict_flags canary",
+    defaults=(None,))
 # (stage, step(entry, ruleset_fd)): the stage names a failure (see STEPS).
 Step = tuple[str, Callable[[Entry, int], None]]
 
@@ -89,10 +92,24 @@ def drop_privileges(entry: Entry) -> None:
 
 
 def restrict(entry: Entry, ruleset_fd: int) -> None:
-    """no_new_privs, then the Landlock domain (none when ruleset_fd is -1)."""
+    """no_new_privs, then the Landlock domain (none when ruleset_fd is -1),
+    then the canary."""
     prctl.set_no_new_privs(1)
     if ruleset_fd >= 0:
         syscalls.restrict_self(ruleset_fd, entry.restrict_flags)
+        if entry.canary is not None:
+            mark_domain(entry.canary)
+
+
+def mark_domain(canary: str) -> None:
+    """One denied open, before exec, so logged whatever the flags: its
+    audit event names the domain and this pid, which the supervisor knows.
+    Nothing happens if the domain allows it (a manifest granting `/`): the
+    domain is then named by its first logged denial, if any."""
+    try:
+        os.close(os.open(canary, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError:
+        pass
 
 
 def set_rlimits(entry: Entry) -> None:

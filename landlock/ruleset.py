@@ -89,7 +89,7 @@ def build(spec: Spec, support: Support | None = None) -> Ruleset:
     restrict_flags = 0
     for flag in spec.log:
         if "logging" in support.features:
-            restrict_flags |= LOG_FLAGS[flag]
+            restrict_flags |= int(LOG_FLAGS[flag])   # a plain int: the Entry goes by marshal
 
     report.handled_fs = rights.names(rights.FS, handled_fs)
     report.handled_net = rights.names(rights.Net, handled_net)

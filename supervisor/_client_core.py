@@ -10,6 +10,7 @@ prctl or ctypes: a proxy only needs the wire.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import signal as signals
 import socket
@@ -32,6 +33,7 @@ ARGS_REFUSED, ENV_REFUSED = "args_refused", "env_refused"
 CLOSED = "the supervisor closed the connection"
 NO_ANSWER = "no answer from the supervisor in time"
 REFUSAL_WAIT = 1.0   # seconds to read a refused peer's refusal
+DENIED_KEPT = 1000   # `denied` events a child keeps for its owner to take
 
 
 class SupervisorError(Exception):
@@ -204,6 +206,10 @@ class ChildState:
         self.manifest: str = spawned.get("manifest", "")
         self._report: Mapping[str, Any] = spawned["report"]
         self.exited: dict[str, Any] | None = None   # the `exited` event, once known
+        # What the supervisor says of it: the `denied` events not taken yet
+        # (the oldest dropped past DENIED_KEPT), and whether they are seen.
+        self.denied: collections.deque[dict[str, Any]] = collections.deque(maxlen=DENIED_KEPT)
+        self.denials: Mapping[str, Any] = spawned.get("denials") or {"mode": "off"}
 
     @functools.cached_property
     def report(self) -> Report:
@@ -230,6 +236,8 @@ class ChildState:
         message = yield from receive(self._sock)
         if message.get("event") == "exited":
             self.exited = message
+        elif message.get("event") == "denied":
+            self.denied.append(message)
         return message
 
     def _request(self, request: dict[str, Any], expect: str) -> Exchange[dict[str, Any]]:

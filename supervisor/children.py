@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import procfs, protocol, reap, survivors
+from .audit import SETTLE_WAIT
 from .connections import Connection, Connections
+from .denials import Denials, Tally
 from .errors import Code, Refused
 from .limits import Limits
 from .log import log
@@ -46,6 +48,7 @@ class Session:
     leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
     retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
                                     # execs: a fresh child's if it was tampered with
+    tally: Tally | None = None      # its denials, when they are read (supervisor/audit.py)
 
 
 class Children:
@@ -55,6 +58,8 @@ class Children:
         self.limits, self.stats, self.records, self.tick = limits, stats, records, tick
         self.pid = os.getpid()
         self.sessions: dict[int, Session] = {}
+        self.denials: Denials | None = None       # set when denials are read
+        self.visibility: dict[str, Any] = {"mode": "off"}   # audit.Mode.describe(), in every `spawned`
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -127,6 +132,9 @@ class Children:
         session.record = self.records.add(pid)
         conn.session = session
         self.sessions[pid] = session
+        if self.denials is not None:
+            session.tally = Tally(quiet=m.quiet_denials)
+            self.denials.started(session)
         self.loop.watch(errpipe, lambda: self.on_errpipe(session))
         self.tick.start()  # the sweep also watches our own limits while children run
 
@@ -160,7 +168,12 @@ class Children:
         self.stats["spawned"] += 1
         session.spawned = True
         self.connections.send(session.conn, {"event": "spawned", "pid": session.pid, "pgid": session.pid,
-                                             "manifest": session.manifest.name, "report": session.report})
+                                             "manifest": session.manifest.name, "report": session.report,
+                                             "denials": self.visibility})
+        if session.tally is not None:
+            for event in session.tally.early:   # what was denied before `spawned`, in order
+                self.connections.send(session.conn, event)
+            session.tally.early = []
         if session.exited is not None:
             self._announce_exit(session)
         elif session.kill_reason in ("client_gone", "shutdown"):
@@ -272,16 +285,37 @@ class Children:
     def _announce_exit(self, session: Session) -> None:
         exited = session.exited
         assert exited is not None
+        tally = session.tally
+        if tally is not None and self.denials is not None and self.denials.awaits(session):
+            # The kernel's count comes ~60 ms after the domain's last process: waited for, not long.
+            timer = self.loop.at(SETTLE_WAIT, lambda: self._settled(session))
+
+            def settled() -> None:
+                timer.cancel()
+                self._settled(session)
+            tally.on_settled = settled
+            return
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
-        self.connections.send(session.conn, {"event": "exited", "pid": session.pid, "reason": reason, **exited})
+        event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
+        if tally is not None:
+            event["denials"] = tally.summary()
+        self.connections.send(session.conn, event)
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         self._forget(session)
 
+    def _settled(self, session: Session) -> None:
+        assert session.tally is not None
+        if not session.tally.settled:
+            session.tally.settled, session.tally.on_settled = True, None
+            self._announce_exit(session)
+
     def _forget(self, session: Session) -> None:
         if session.kill_timer is not None:
             session.kill_timer.cancel()
+        if self.denials is not None and session.tally is not None:
+            self.denials.forget(session)
         if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
             del self.sessions[session.pid]
         if session.retry is not None:

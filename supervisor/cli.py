@@ -1,4 +1,4 @@
-"""landlock-supervisor: serve, run, ping, list, check."""
+"""landlock-supervisor: serve, run, ping, list, stats, denials, check."""
 from __future__ import annotations
 
 import argparse
@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-children", type=int, default=256, metavar="N", help="children in all (default 256)")
     serve.add_argument("--max-children-per-uid", type=int, default=64, metavar="N",
                        help="children spawned for one client uid (default 64)")
+    serve.add_argument("--audit", choices=("off", "count", "detail"),
+                       help="denials from Landlock's audit records (Linux 6.15+, root): count (how many per "
+                            "session) or detail (each one, to the session's client); switches host audit on if "
+                            "it is off. Default: count where audit is already on, else off")
+    serve.add_argument("--audit-nested", action="store_true",
+                       help="also the denials of a server's own Landlock domains (off: a server could flood)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
 
@@ -65,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("ping", help="is the supervisor there?")
     sub.add_parser("list", help="manifests and running children")
     sub.add_parser("stats", help="counters, fds, memory")
+    denials = sub.add_parser("denials", help="recent kernel denials (the supervisor's owner: all sessions')")
+    denials.add_argument("--follow", action="store_true", help="then each new one as it comes")
+    denials.add_argument("--json", action="store_true", help="JSON, one object a line")
 
     check = sub.add_parser("check", help="what each manifest really gets on this kernel")
     check.add_argument("--manifests", action="append", default=[], metavar="PATH")
@@ -89,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         from .check import main as check_main
         return check_main(args)
+    if args.command == "denials":
+        from .denied import main as denials_main
+        return denials_main(args)
     from . import client as clients
     from .paths import NoDefaultSocket
     try:
@@ -156,7 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
                     control_fd=args.control_fd, allow_uids=frozenset(args.allow_uid), allow_gids=gids,
                     state_root=state_root, limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
-                    session_gids=session_gids if os.geteuid() == 0 else None, only=args.only)
+                    session_gids=session_gids if os.geteuid() == 0 else None, only=args.only,
+                    audit=args.audit, audit_nested=args.audit_nested)
     try:
         supervisor = Supervisor(config, early)
     except (ManifestError, OSError) as e:
@@ -303,6 +316,26 @@ def _cwd_for(args: list[str]) -> str | None:
         return None
 
 
+def _tell_denied(name: str, child: Any) -> None:
+    """Each distinct denial, one line on our stderr: where MCP clients show a server's log."""
+    if child.denied:
+        from . import denied
+        while child.denied:
+            print(f"{denied.PREFIX}{name}: {denied.line(child.denied.popleft())}", file=sys.stderr, flush=True)
+
+
+def _tell_denials_summary(name: str, child: Any, status: int) -> None:
+    """What was denied in all; for a server that failed on its own where
+    denials are not seen, why not and what to do."""
+    from . import denied
+    text = denied.summary(name, child.exited.get("denials") or {}, child.denials)
+    failed = child.exited.get("reason") == "exited" and status != 0
+    if text is None and failed and child.denials.get("mode") == "off" and child.denials.get("reason"):
+        text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
+    if text is not None:
+        print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
     from . import client as clients
@@ -350,12 +383,16 @@ def _run(args: argparse.Namespace) -> int:
             relay.handle(ready, writable)
             if child.fileno() in ready:
                 child.poll()
+                _tell_denied(args.name, child)
         relay.drain()
+        _tell_denied(args.name, child)
         if child.exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.
             print(f"landlock-supervisor: {args.name} was stopped: the supervisor is shutting down",
                   file=sys.stderr, flush=True)
-        return clients.shell_status(child.exited)
+        status = clients.shell_status(child.exited)
+        _tell_denials_summary(args.name, child, status)
+        return status
     finally:
         relay.started()
         relay.drain(0)

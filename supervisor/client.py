@@ -14,7 +14,7 @@ import select
 import signal as signals
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import _client_core as core
@@ -117,6 +117,24 @@ class Client:
     def describe(self, name: str) -> dict[str, Any]:
         """What a client may give manifest `name`: its client_env names, client_args."""
         return self._short("describe", manifest=name)
+
+    def denials(self) -> dict[str, Any]:
+        """The recent denials this uid may see (the supervisor's owner: all), the mode, what was lost."""
+        return self._short("denials")
+
+    def follow_denials(self) -> Iterator[dict[str, Any]]:
+        """The `denials` reply, then each `denied` event as it comes, until the supervisor goes."""
+        sock = self._connect()
+        with sock:
+            _run(core.send_first(sock, {"op": "denials", "follow": True}), _REPLY_TIMEOUT)
+            while True:
+                try:
+                    message = _run(core.receive(sock), None)
+                except ConnectionError:
+                    return
+                if message.get("event") == "error":
+                    raise error_from(message)
+                yield message
 
 
 def connect_path(path: str) -> socket.socket:

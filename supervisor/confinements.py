@@ -11,6 +11,7 @@ MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded
 class Confinements:
     def __init__(self) -> None:
         self._cache: dict[landlock.Spec, landlock.Confinement] = {}
+        self.canary: str | None = None   # supervisor/audit.py: each domain marked with it
 
     def get(self, spec: landlock.Spec) -> landlock.Confinement:
         """Raises Refused: the kernel cannot enforce it, a path it cannot use,
@@ -35,6 +36,8 @@ class Confinements:
             oldest = next(iter(self._cache))
             self._cache.pop(oldest).close()
         confinement = landlock.prepare(spec)
+        if self.canary is not None and confinement.ruleset.fd >= 0:
+            confinement.entry = confinement.entry._replace(canary=self.canary)
         self._cache[spec] = confinement
         return confinement
 

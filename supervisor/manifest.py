@@ -60,6 +60,7 @@ class Manifest:
     uid: int | None = None           # what the child runs as; None: the supervisor's own uid
     runs_as_root: bool = False       # a root supervisor runs it as uid 0 (allow_root, or a user of uid 0)
     credentials: privileges.Credentials | None = None   # of spec.user and spec.group, looked up once at load
+    quiet_denials: tuple[str, ...] = ()   # its profiles' harmless denials (profiles.Fragment.quiet)
 
     def environment(self, supervisor_env: Mapping[str, str],
                     client_env: Mapping[str, str] = {}) -> dict[str, str]:
@@ -122,7 +123,7 @@ class _Loader:
                         umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
                         allow_root=allow_root, pool=pool, terminal=terminal,
                         warnings=self._warnings(fragment, spec, user, command), area=area, dynamic=dynamic,
-                        uid=creds.uid if creds else None, credentials=creds,
+                        uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),
                         runs_as_root=self.as_root and (allow_root or (creds is not None and creds.uid == 0)))
 
     def _name(self) -> str:

@@ -52,6 +52,9 @@ class Fragment:
     paths: PathClasses = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Paths its programs read when they may and do without when denied
+    # (node's /proc and /sys probes): such denials are counted, not shown.
+    quiet: list[str] = field(default_factory=list)
 
     def add(self, cls: str, *paths: str) -> None:
         bucket = self.paths.setdefault(cls, [])
@@ -64,6 +67,7 @@ class Fragment:
             self.add(cls, *paths)
         self.env.update(other.env)
         self.warnings += other.warnings
+        self.quiet += [q for q in other.quiet if q not in self.quiet]
 
 
 def _real(*paths: str) -> list[str]:
@@ -166,6 +170,8 @@ def node(ctx: Context) -> Fragment:
         f.warnings.append("profile node: no node on the child's PATH")
     else:
         f.add("read_only", binary)
+    # Measured: its memory and CPU probes, and the locale alias table.
+    f.quiet += ["/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/etc/locale.alias"]
     return f
 
 
@@ -211,6 +217,7 @@ def npx(ctx: Context) -> Fragment:
     _ca_default(f, ctx, "NODE_EXTRA_CA_CERTS")
     # npx installs what it runs into the cache: that tree must also execute.
     f.add("read_write", os.path.join(area, "npm-cache"))
+    f.quiet.append("/usr/bin/ldd")   # npm's libc detection, with a cold cache
     return f
 
 

@@ -6,7 +6,9 @@ connections -> handler -> policy.admit/plan_spawn -> confinements -> zygote
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -15,10 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ids, listener, namespaces, peers, policy, procfs, state
+import landlock
+from landlock import audit as landlock_audit
+
+from . import audit, ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
+from .denials import Denials
 from .early import keep_stdio_open, prepare
 from .connections import Connection, Connections, Handler
 from .errors import Code, Refused
@@ -37,6 +43,10 @@ __all__ = ["Config", "Limits", "Supervisor"]
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDIO_NAMES = ("stdin", "stdout", "stderr")
 POOL_IDLE = 300.0
+# The canary every domain denies (supervisor/audit.py), where no manifest grants.
+CANARY_DIR = "/run/landlock-supervisor-audit"
+# A `denials` reply holds the newest that fit in one datagram (64 KiB).
+DENIALS_REPLY_MAX = 60000
 
 
 @dataclass
@@ -55,6 +65,8 @@ class Config:
     only: str | None = None         # private mode for one server: load that manifest alone
     pool_idle: float | None = None  # seconds without a spawn before a `pool: auto` pool is drained;
                                     # None: $LANDLOCK_SUPERVISOR_POOL_IDLE, else POOL_IDLE
+    audit: str | None = None        # serve --audit off|count|detail; None: count where audit is on
+    audit_nested: bool = False      # the servers' own Landlock domains log their denials too
 
 
 class Supervisor:
@@ -89,8 +101,60 @@ class Supervisor:
                                  records, tick)
         self.handlers: dict[str, Handler] = {
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
-            "describe": self._describe, "status": self._status, "signal": self._signal}
-        self.manifests = self._load_manifests()
+            "describe": self._describe, "status": self._status, "signal": self._signal,
+            "denials": self._denials}
+        self.logging_available = "logging" in landlock.support.probe().features
+        # Before any fork: a task has an audit context only if audit was on when it was forked.
+        self.audit_mode = audit.choose(config.audit, config.audit_nested, self.logging_available)
+        self.reader: audit.Reader | None = None
+        self.followers: list[Connection] = []   # `denials --follow`
+        try:
+            if self.audit_mode.name != "off":
+                self._read_denials()
+            elif config.audit != "off" and config.control_fd is None:
+                # (A private supervisor's stderr is its client's: `run` says it when a server fails.)
+                log(f"denials: not visible: {self.audit_mode.reason}")
+            self.children.visibility = self.audit_mode.describe()
+            self.manifests = self._load_manifests()
+        except BaseException:
+            self._stop_reading()
+            raise
+
+    def _read_denials(self) -> None:
+        try:
+            sock = landlock_audit.open_reader()
+            canary = audit.make_canary(CANARY_DIR)
+        except (landlock_audit.Unavailable, OSError) as e:
+            if self.config.audit is not None:
+                audit.restore(self.audit_mode)
+                raise SystemExit(f"landlock-supervisor: --audit {self.audit_mode.name}: {e}") from None
+            self.audit_mode = audit.Mode("off", f"{e}{audit.NOT_VISIBLE}")
+            if self.config.control_fd is None:
+                log(f"denials: not visible: {self.audit_mode.reason}")
+            return
+        denials = Denials(canary, self.children.sessions.get, lambda s, event: self.connections.send(s.conn, event),
+                          self._tell_followers)
+        self.reader = audit.Reader(self.loop, sock, denials)
+        self.children.denials = denials
+        self.confinements.canary = canary
+        if self.config.control_fd is None:
+            log(f"denials: {self.audit_mode.name} mode" + (" (nested domains too)" if self.audit_mode.nested else ""))
+
+    def _stop_reading(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+            if self.confinements.canary:
+                try:
+                    os.unlink(self.confinements.canary)
+                except OSError:
+                    pass
+        audit.restore(self.audit_mode)
+
+    def _tell_followers(self, event: dict[str, Any], uid: int) -> None:
+        for conn in list(self.followers):
+            if conn.peer.uid in (uid, os.geteuid()):
+                self.connections.send(conn, event)
 
     # ---- start-up, reload, shutdown ------------------------------------
 
@@ -106,6 +170,12 @@ class Supervisor:
                                     dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
         out = {}
         for m in loaded.values():
+            if self.logging_available:
+                flags, _, warning = audit.domain_logging(self.audit_mode.name, m.spec.log, self.audit_mode.panic,
+                                                         self.audit_mode.nested)
+                m = dataclasses.replace(m, spec=dataclasses.replace(m.spec, log=flags))
+                if warning:
+                    log(f"{m.source}: warning: {warning}")
             if m.runs_as_root and not self.config.allow_root_servers:
                 why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
                 log(f"{m.source}: refused: it runs as root ({why}), which needs `serve --allow-root-servers`")
@@ -189,6 +259,7 @@ class Supervisor:
         self.children.end_descendants()
         self.connections.close_all()
         self._remove_socket_path()
+        self._stop_reading()
 
     def _tick(self) -> bool:
         waiting = self.connections.expire_due()
@@ -196,6 +267,8 @@ class Supervisor:
         return waiting or bool(self.children.sessions)
 
     def _closed(self, conn: Connection) -> None:
+        if conn in self.followers:
+            self.followers.remove(conn)
         self.children.client_gone(conn)
         if conn.control:
             self.shutdown("shutdown")
@@ -266,6 +339,30 @@ class Supervisor:
         # has (an MCP client config's `env`), and says which it keeps.
         self.connections.send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
                                      "client_args": m.client_args})
+
+    def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
+        """The recent denials this peer may see (the owner: all; others: their
+        sessions'), newest last; with follow, each new one as it comes."""
+        follow = message.get("follow", False)
+        if not isinstance(follow, bool):
+            raise Refused(Code.BAD_REQUEST, "'follow' must be true or false")
+        everyone = conn.peer.uid == os.geteuid()
+        reply: dict[str, Any] = {"event": "denials", **self.audit_mode.describe(), "recent": [], "omitted": 0}
+        if self.reader is not None:
+            reply["lost"] = self.reader.lost(self.audit_mode)
+            visible = [d for d in self.reader.denials.recent if everyone or d["uid"] == conn.peer.uid]
+            size = 0
+            for d in reversed(visible):
+                size += len(json.dumps(d)) + 2
+                if size > DENIALS_REPLY_MAX:
+                    break
+                reply["recent"].append(d)
+            reply["recent"].reverse()
+            reply["omitted"] = len(visible) - len(reply["recent"])
+        self.connections.send(conn, reply)
+        if follow:
+            conn.deadline = None
+            self.followers.append(conn)
 
     def _status(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         session = _session_of(conn, "status")

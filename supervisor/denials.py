@@ -1,0 +1,268 @@
+"""What the kernel denied each session: a record's domain -> its session, one event per distinct denial, rate-limited, with the manifest line that would allow it.
+
+The records are Landlock's (landlock.audit); which are read at all is
+supervisor/audit.py's business. A domain is learnt from its `allocated`
+record, whose pid is the child that called landlock_restrict_self: the
+session's pid (a canary denial before exec makes that record at spawn).
+A server's own nested domain has its creator's pid: its session is the
+one whose process session holds it.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from landlock import audit
+
+from . import procfs
+
+# A session's distinct denials kept (each counted after its first), and the
+# events it gets a second beyond a burst: a server polling a forbidden file
+# costs its client one line, a flood of distinct ones a bounded trickle.
+DISTINCT_MAX = 512
+RATE, BURST = 20.0, 50
+# Records of a domain not known yet (the allocated record comes in the next
+# event for a task without an audit context): kept this long, this many.
+UNKNOWN_WAIT, UNKNOWN_MAX = 2.0, 1024
+# Allocated records of pids that are no session yet (the zygote's report of
+# a fork can come after the child's canary), or pooled children waiting.
+PENDING_MAX = 4096
+RECENT_MAX = 1000
+
+# Where a grant is never proposed: whole homes, and what holds credentials.
+SECRET_NAMES = frozenset({".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".netrc", ".git-credentials",
+                          ".pgpass", ".npmrc", ".pypirc", ".password-store", ".vault-token"})
+SECRET_SUBPATHS = (".config/gh", ".config/gcloud", ".local/share/keyrings", ".mozilla", ".config/google-chrome",
+                   ".config/chromium")
+SECRET_FILES = frozenset({"/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/etc/ssl/private"})
+_ENV_FILE = re.compile(r"(^|/)\.env(\.[^/]*)?$")
+
+
+def home_dirs() -> frozenset[str]:
+    """The homes of the host's users, as /etc/passwd has them (and /root)."""
+    import pwd
+    return frozenset({"/root", *(p.pw_dir.rstrip("/") for p in pwd.getpwall() if p.pw_dir not in ("", "/"))})
+
+
+def refusal(path: str, homes: frozenset[str]) -> str | None:
+    """Why no manifest line is proposed for path, or None: `/`, a whole
+    home, a location holding credentials."""
+    path = path.rstrip("/") or "/"
+    if path == "/":
+        return "the whole filesystem"
+    if path in homes or path in ("/home", "/root"):
+        return "a whole home directory"
+    if path in SECRET_FILES or any(path.startswith(s + "/") for s in SECRET_FILES) or _ENV_FILE.search(path):
+        return "a location holding secrets"
+    for home in homes:
+        if path.startswith(home + "/"):
+            rest = path[len(home) + 1:]
+            if rest.split("/", 1)[0] in SECRET_NAMES or any(rest == s or rest.startswith(s + "/")
+                                                            for s in SECRET_SUBPATHS):
+                return "a location holding secrets"
+    return None
+
+
+_READ = {"fs.read_file", "fs.read_dir"}
+_WRITE = {"fs.write_file", "fs.truncate", "fs.make_char", "fs.make_dir", "fs.make_reg", "fs.make_sock",
+          "fs.make_fifo", "fs.make_block", "fs.make_sym", "fs.remove_dir", "fs.remove_file", "fs.ioctl_dev",
+          "fs.refer"}
+
+
+def allow_line(blockers: tuple[str, ...], path: str | None, port: int | None,
+               homes: frozenset[str]) -> tuple[str | None, str | None]:
+    """(the manifest line that would allow it, or None; why not). Pure:
+    tested as a table."""
+    rights = set(blockers)
+    if rights & {"net.connect_tcp", "net.bind_tcp"}:
+        key = "connect_tcp" if "net.connect_tcp" in rights else "bind_tcp"
+        return (f"{key}: [{port}]", None) if port is not None else (None, "no port in the record")
+    if any(r.startswith("scope.") for r in rights):
+        return None, "a scope (signals, abstract unix sockets) is not granted per target"
+    if path is None or not rights <= _READ | _WRITE | {"fs.execute"}:
+        return None, "no manifest class grants " + ",".join(sorted(rights))
+    why = refusal(path, homes)
+    if why is not None:
+        return None, f"not proposed: {why}"
+    if rights & _WRITE:
+        cls = "read_write" if "fs.execute" in rights else "read_write_noexec"
+    else:
+        cls = "read_only" if "fs.execute" in rights else "read_only_noexec"
+    return f"{cls}: [{path}]", None
+
+
+def describe(access: audit.Access) -> tuple[str, str]:
+    """(kind, object) of an access: a path, an address and port, a process."""
+    if access.port is not None:
+        return "tcp", f"{access.addr or '?'}:{access.port}"
+    if access.opid is not None:
+        return "process", f"pid {access.opid} ({access.ocomm or '?'})"
+    if any(b == "scope.abstract_unix_socket" for b in access.blockers):
+        return "abstract_unix_socket", "@" + (access.path or "").lstrip("\0")
+    return "path", access.path or "?"
+
+
+@dataclass
+class Tally:
+    """One session's denials."""
+    quiet: tuple[str, ...]                   # path prefixes its profiles expect denied (node's /proc reads)
+    domains: set[int] = field(default_factory=set)
+    received: int = 0                        # denials whose records reached us
+    shown: int = 0                           # distinct ones told
+    suppressed: int = 0                      # in `quiet`: counted, not told
+    hidden: int = 0                          # over the rate or the distinct cap
+    kernel: int | None = None                # the kernel's own count, from `deallocated`
+    seen: dict[tuple[tuple[str, ...], str], int] = field(default_factory=dict)
+    tokens: float = BURST
+    refilled: float = field(default_factory=time.monotonic)
+    early: list[dict[str, Any]] = field(default_factory=list)  # before `spawned` went out
+    on_settled: Callable[[], None] | None = None   # the `exited` waiting for `kernel`
+    settled: bool = False                    # that wait is over
+
+    def summary(self) -> dict[str, Any]:
+        return {"received": self.received, "shown": self.shown, "suppressed": self.suppressed,
+                "hidden": self.hidden, "kernel": self.kernel}
+
+    def _allowed(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(BURST, self.tokens + (now - self.refilled) * RATE)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class Denials:
+    """Records in, `denied` events out (to the session's client, and to
+    whoever follows), counts kept per session."""
+
+    def __init__(self, canary: str | None, session_of: Callable[[int], Any],
+                 tell: Callable[[Any, dict[str, Any]], None], follow: Callable[[dict[str, Any], int], None]) -> None:
+        self.canary = canary
+        self.session_of = session_of   # pid -> Session or None
+        self.tell = tell               # (session, event): to its client
+        self.follow = follow           # (event, the session's uid): to followers
+        self.homes = home_dirs()
+        self.domains: dict[int, Any] = {}                                   # domain -> Session
+        self.pending: collections.OrderedDict[int, int] = collections.OrderedDict()   # pid -> domain
+        self.unknown: collections.OrderedDict[int, list[tuple[float, audit.Access, audit.Syscall | None]]] = \
+            collections.OrderedDict()
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_MAX)
+        self.unattributed = 0
+
+    # ---- domains ------------------------------------------------------
+
+    def domain(self, record: audit.Domain) -> None:
+        if record.status == "allocated" and record.pid is not None:
+            session = self._owner(record.pid)
+            if session is None:
+                self.pending[record.pid] = record.domain
+                while len(self.pending) > PENDING_MAX:
+                    self.pending.popitem(last=False)
+            else:
+                self._attach(session, record.domain)
+        elif record.status == "deallocated":
+            session = self.domains.pop(record.domain, None)
+            self.unknown.pop(record.domain, None)
+            for pid, domain in list(self.pending.items()):
+                if domain == record.domain:
+                    del self.pending[pid]
+            if session is not None and session.tally is not None and record.denials is not None:
+                tally = session.tally
+                # The canary was one of them.
+                tally.kernel = (tally.kernel or 0) + max(0, record.denials - (self.canary is not None))
+                if tally.on_settled is not None and not (tally.domains & set(self.domains)):
+                    settled, tally.on_settled = tally.on_settled, None
+                    settled()
+
+    def _owner(self, pid: int) -> Any:
+        """The session of a domain's creator: itself, or the session leader of
+        its process session (a server's own nested domain)."""
+        session = self.session_of(pid)
+        if session is None:
+            leader = procfs.session_of(pid)
+            session = self.session_of(leader) if leader else None
+        return session
+
+    def _attach(self, session: Any, domain: int) -> None:
+        if session.tally is None:
+            return
+        session.tally.domains.add(domain)
+        self.domains[domain] = session
+        for _, access, syscall in self.unknown.pop(domain, []):
+            self._count(session, access, syscall)
+
+    def started(self, session: Any) -> None:
+        """A new session (fresh or pooled): its domain may be known already."""
+        domain = self.pending.pop(session.pid, None)
+        if domain is not None:
+            self._attach(session, domain)
+
+    def awaits(self, session: Any) -> bool:
+        """Whether its `exited` should wait for the kernel's count: a
+        domain of it is known and not deallocated yet."""
+        tally = session.tally
+        return (tally is not None and not tally.settled and tally.kernel is None
+                and any(self.domains.get(d) is session for d in tally.domains))
+
+    def forget(self, session: Any) -> None:
+        for domain in session.tally.domains if session.tally else ():
+            if self.domains.get(domain) is session:
+                del self.domains[domain]
+
+    # ---- denials ------------------------------------------------------
+
+    def access(self, access: audit.Access, syscall: audit.Syscall | None) -> None:
+        if self.canary is not None and access.path == self.canary:
+            return
+        session = self.domains.get(access.domain)
+        if session is None:
+            now = time.monotonic()
+            for domain, kept in list(self.unknown.items()):
+                if kept[0][0] > now - UNKNOWN_WAIT:
+                    break
+                self.unattributed += len(kept)
+                del self.unknown[domain]
+            self.unknown.setdefault(access.domain, []).append((now, access, syscall))
+            while len(self.unknown) > UNKNOWN_MAX:
+                self.unattributed += len(self.unknown.popitem(last=False)[1])
+            return
+        self._count(session, access, syscall)
+
+    def _count(self, session: Any, access: audit.Access, syscall: audit.Syscall | None) -> None:
+        tally = session.tally
+        tally.received += 1
+        kind, obj = describe(access)
+        key = (access.blockers, obj)
+        seen = tally.seen.get(key)
+        if seen is not None:
+            tally.seen[key] = seen + 1
+            return
+        if kind == "path" and any(obj == q or obj.startswith(q.rstrip("/") + "/") for q in tally.quiet):
+            tally.suppressed += 1
+            return
+        if len(tally.seen) >= DISTINCT_MAX or not tally._allowed():
+            tally.hidden += 1
+            return
+        tally.seen[key] = 1
+        tally.shown += 1
+        allow, why = allow_line(access.blockers, access.path if kind == "path" else None, access.port, self.homes)
+        event: dict[str, Any] = {
+            "event": "denied", "pid": session.pid, "manifest": session.manifest.name,
+            "rights": list(access.blockers), "kind": kind, "object": obj,
+            "process": None if syscall is None else {"pid": syscall.pid, "comm": syscall.comm, "exe": syscall.exe},
+            "allow": allow}
+        if why is not None:
+            event["why_not"] = why
+        self.recent.append({**event, "time": time.time(), "uid": session.uid})
+        self.follow(event, session.uid)
+        if session.spawned:
+            self.tell(session, event)
+        elif len(tally.early) < BURST:
+            tally.early.append(event)   # no `denied` before `spawned`
