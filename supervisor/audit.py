@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ OPEN_EVENTS_MAX = 4096
 # How long an `exited` waits for the kernel's count (the `deallocated`
 # record comes ~60 ms after the domain's last process).
 SETTLE_WAIT = 0.25
+SETTLE_MAX = 2.0     # while records wait unread in the socket
 NOT_VISIBLE = "; `landlock-supervisor learn` writes a manifest from a traced run instead"
 
 
@@ -172,6 +174,7 @@ class Reader:
         self.events: dict[int, tuple[float, list[audit.Access], list[audit.Syscall]]] = {}
         self.overflows = 0        # ENOBUFS: records lost for this reader
         self.timer: Timer | None = None
+        denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
         loop.watch(sock, self.on_readable)
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ import os
 from typing import Any
 
 import landlock
+from landlock import audit as landlock_audit
 
-from . import ids, namespaces, profiles
+from . import audit, ids, namespaces, profiles
 from .manifest import Manifest, ManifestError, load, load_all
 
 from landlock.ruleset import inside_writable
@@ -40,7 +41,21 @@ def kernel_summary() -> dict[str, Any]:
             "yes" if namespaces.mount_namespaces_available() else "NO: HOME, USER and LOGNAME only"))
     return {"kernel_abi": support.kernel_abi, "errata": support.errata,
             "features": sorted(support.features), "missing": support.missing,
-            "warnings": warnings, "isolation": isolation}
+            "warnings": warnings, "isolation": isolation, "denials": denial_visibility(support)}
+
+
+def denial_visibility(support: landlock.Support) -> str:
+    """What `serve` with no --audit would show of the kernel's denials here
+    (nothing is changed to find out)."""
+    mode = audit.choose(None, False, "logging" in support.features)
+    if mode.name == "off":
+        return "not visible: " + mode.reason
+    try:
+        landlock_audit.open_reader().close()
+    except landlock_audit.Unavailable as e:
+        return f"not visible: {e}{audit.NOT_VISIBLE}"
+    return ("count (audit is on here): each session's number of denials; `serve --audit detail` shows each "
+            "one to its client, on `run`'s stderr and in `landlock-supervisor denials`")
 
 
 def holes(report: landlock.Report) -> list[str]:
@@ -120,6 +135,7 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         print(f"  missing {name}: {why}")
     for line in kernel["isolation"]:
         print(f"  {line}")
+    print(f"  denials: {kernel['denials']}")
     for w in kernel["warnings"]:
         print(f"  WARNING: {w}")
     for e in entries:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import procfs, protocol, reap, survivors
-from .audit import SETTLE_WAIT
+from .audit import SETTLE_MAX, SETTLE_WAIT
 from .connections import Connection, Connections
 from .denials import Denials, Tally
 from .errors import Code, Refused
@@ -287,13 +287,7 @@ class Children:
         assert exited is not None
         tally = session.tally
         if tally is not None and self.denials is not None and self.denials.awaits(session):
-            # The kernel's count comes ~60 ms after the domain's last process: waited for, not long.
-            timer = self.loop.at(SETTLE_WAIT, lambda: self._settled(session))
-
-            def settled() -> None:
-                timer.cancel()
-                self._settled(session)
-            tally.on_settled = settled
+            self._settle_later(session, SETTLE_WAIT)
             return
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
@@ -304,6 +298,24 @@ class Children:
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         self._forget(session)
+
+    def _settle_later(self, session: Session, waited: float) -> None:
+        """The kernel's count comes ~60 ms after the domain's last process:
+        waited for, a little longer while the reader is behind, never long."""
+        assert session.tally is not None and self.denials is not None
+        denials = self.denials
+
+        def expired() -> None:
+            if waited < SETTLE_MAX and denials.behind():
+                self._settle_later(session, waited + SETTLE_WAIT)
+            else:
+                self._settled(session)
+        timer = self.loop.at(SETTLE_WAIT, expired)
+
+        def settled() -> None:
+            timer.cancel()
+            self._settled(session)
+        session.tally.on_settled = settled
 
     def _settled(self, session: Session) -> None:
         assert session.tally is not None

@@ -155,6 +155,7 @@ class Denials:
             collections.OrderedDict()
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_MAX)
         self.unattributed = 0
+        self.behind: Callable[[], bool] = lambda: False   # records wait unread (the reader says)
 
     # ---- domains ------------------------------------------------------
 

@@ -11,6 +11,13 @@ _skipped_enforcement: list[str] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "enforcement: checks real kernel enforcement; must not skip where Landlock exists")
+    config.addinivalue_line("markers", "audit: switches the host's audit on (put back after): runs after every other test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Once audit was on, every task forked afterwards pays for a syscall
+    # audit context until reboot: the rest of the suite runs before.
+    items.sort(key=lambda item: item.get_closest_marker("audit") is not None)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

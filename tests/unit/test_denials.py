@@ -1,0 +1,220 @@
+"""Denials without a kernel: records parsed, the manifest line proposed, the
+log flags chosen, attribution, dedup and rate limit, the lines a person reads."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from landlock import audit
+from supervisor import denials as d
+from supervisor import denied
+from supervisor.audit import domain_logging
+
+# Records as this kernel (6.18) wrote them (docs in shared/notes), hex forms included.
+SAMPLES = [
+    (1423, b'audit(1796131424.552:8): domain=148a3a11c blockers=fs.read_file path="/etc/passwd" dev="vda" ino=739'),
+    (1424, b'audit(1796131424.552:8): domain=148a3a11c status=allocated mode=enforcing pid=28885 uid=0 '
+           b'exe="/usr/bin/python3.11" comm="python3"'),
+    (1300, b'audit(1796131424.552:8): arch=c000003e syscall=257 success=no exit=-13 ppid=28739 pid=28885 '
+           b'comm="python3" exe="/usr/bin/python3.11" key=(null)'),
+    (1327, b'audit(1796131424.552:8): proctitle=2F7573722F62696E2F707974686F6E33'),
+    (1320, b'audit(1796131424.552:8): '),
+    (1423, b'audit(1796131424.600:9): domain=148a3a11c blockers=net.connect_tcp daddr=127.0.0.1 dest=9'),
+    (1423, b'audit(1796131424.601:10): domain=148a3a11c blockers=scope.signal opid=28739 ocomm="python3"'),
+    (1423, b'audit(1796131424.602:11): domain=148a3a11c blockers=fs.make_reg path=2F746D702F6120620A dev="vda" '
+           b'ino=403231'),
+    (1300, b'audit(1796131424.603:12): arch=c000003e syscall=257 pid=7 comm=6E706D206578656320636F77736179 exe="/x"'),
+    (1424, b'audit(1796131424.628:21): domain=148a3a11c status=deallocated denials=13'),
+    (1100, b'audit(1796131424.700:22): pid=1 uid=0 msg="some login record"'),
+]
+
+
+def _datagram(records: list[tuple[int, bytes]]) -> bytes:
+    out = b""
+    for typ, body in records:
+        msg = struct.pack("=IHHII", 16 + len(body), typ, 0, 0, 0) + body
+        out += msg + b"\0" * (-len(msg) % 4)
+    return out
+
+
+def test_records_are_parsed_from_a_datagram() -> None:
+    got = list(audit.records(_datagram(SAMPLES)))
+    assert got[0] == (8, audit.Access(8, 0x148a3a11c, ("fs.read_file",), "/etc/passwd", None, None, None, None))
+    assert got[1] == (8, audit.Domain(8, 0x148a3a11c, "allocated", 28885, None))
+    assert got[2] == (8, audit.Syscall(8, 28885, "python3", "/usr/bin/python3.11"))
+    assert got[3] == (8, None)   # EOE; the PROCTITLE record is not kept
+    assert got[4][1] == audit.Access(9, 0x148a3a11c, ("net.connect_tcp",), None, "127.0.0.1", 9, None, None)
+    assert got[5][1].opid == 28739 and got[5][1].ocomm == "python3"
+    assert got[6][1].path == "/tmp/a b\n"            # hex: the server named it
+    assert got[7][1].comm == "npm exec cowsay"
+    assert got[8][1] == audit.Domain(21, 0x148a3a11c, "deallocated", None, 13)
+    assert len(got) == 9                            # the login record is not ours to keep
+
+
+HOMES = frozenset({"/root", "/home/ann"})
+
+
+@pytest.mark.parametrize("blockers, path, port, line", [
+    (("fs.read_file",), "/etc/hostname", None, "read_only_noexec: [/etc/hostname]"),
+    (("fs.read_dir",), "/usr/share/doc", None, "read_only_noexec: [/usr/share/doc]"),
+    (("fs.execute", "fs.read_file"), "/usr/bin/cat", None, "read_only: [/usr/bin/cat]"),
+    (("fs.make_reg",), "/var/tmp", None, "read_write_noexec: [/var/tmp]"),
+    (("fs.write_file",), "/home/ann/projects/x", None, "read_write_noexec: [/home/ann/projects/x]"),
+    (("net.connect_tcp",), None, 443, "connect_tcp: [443]"),
+    (("net.bind_tcp",), None, 8080, "bind_tcp: [8080]"),
+    (("scope.signal",), None, None, None),
+    (("fs.read_dir",), "/", None, None),
+    (("fs.read_dir",), "/home/ann", None, None),
+    (("fs.read_dir",), "/root", None, None),
+    (("fs.read_file",), "/home/ann/.ssh/id_ed25519", None, None),
+    (("fs.read_file",), "/home/ann/.config/gh/hosts.yml", None, None),
+    (("fs.read_file",), "/home/ann/proj/.env", None, None),
+    (("fs.read_file",), "/etc/shadow", None, None),
+    (("fs.change_topology",), "/mnt", None, None),
+])
+def test_the_manifest_line_that_would_allow_it(blockers: tuple[str, ...], path: str | None, port: int | None,
+                                               line: str | None) -> None:
+    allow, why = d.allow_line(blockers, path, port, HOMES)
+    assert allow == line
+    assert (why is None) == (line is not None)
+
+
+@pytest.mark.parametrize("mode, manifest_log, panic, nested, flags, canary, warns", [
+    ("off", (), False, False, ("subdomains_off",), False, False),
+    ("off", ("same_exec_off",), False, False, ("same_exec_off", "subdomains_off"), False, False),
+    ("off", ("new_exec_on",), True, False, ("subdomains_off",), False, True),
+    ("count", (), False, False, ("subdomains_off",), True, False),
+    ("count", ("same_exec_off",), False, False, ("subdomains_off",), True, False),   # it would hide the canary
+    ("count", ("new_exec_on",), False, False, ("new_exec_on", "subdomains_off"), True, False),
+    ("count", ("new_exec_on",), True, False, ("subdomains_off",), True, True),
+    ("detail", (), False, False, ("new_exec_on", "subdomains_off"), True, False),
+    ("detail", (), False, True, ("new_exec_on",), True, False),
+    ("count", ("subdomains_off",), False, True, (), True, False),   # the operator's choice wins
+])
+def test_how_audit_mode_and_manifest_log_combine(mode: str, manifest_log: tuple[str, ...], panic: bool,
+                                                 nested: bool, flags: tuple[str, ...], canary: bool,
+                                                 warns: bool) -> None:
+    got_flags, got_canary, warning = domain_logging(mode, manifest_log, panic, nested)
+    assert (got_flags, got_canary, warning is not None) == (flags, canary, warns)
+
+
+@dataclass
+class Manifest:
+    name: str = "srv"
+
+
+@dataclass
+class Session:
+    pid: int
+    uid: int = 1000
+    spawned: bool = True
+    tally: d.Tally | None = None
+    manifest: Manifest = field(default_factory=Manifest)
+
+
+class World:
+    def __init__(self) -> None:
+        self.sessions: dict[int, Session] = {}
+        self.told: list[tuple[int, dict[str, Any]]] = []
+        self.followed: list[dict[str, Any]] = []
+        self.denials = d.Denials("/run/canary", self.sessions.get, lambda s, e: self.told.append((s.pid, e)),
+                                 lambda e, uid: self.followed.append(e))
+
+    def session(self, pid: int, quiet: tuple[str, ...] = (), spawned: bool = True) -> Session:
+        s = self.sessions[pid] = Session(pid, spawned=spawned, tally=d.Tally(quiet=quiet))
+        self.denials.started(s)
+        return s
+
+
+def _access(domain: int, path: str, blockers: tuple[str, ...] = ("fs.read_file",)) -> audit.Access:
+    return audit.Access(1, domain, blockers, path, None, None, None, None)
+
+
+def test_each_denial_reaches_its_own_session_only() -> None:
+    w = World()
+    a, b = w.session(10), w.session(20)
+    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    w.denials.domain(audit.Domain(2, 0xB, "allocated", 20, None))
+    w.denials.access(_access(0xA, "/etc/a"), None)
+    w.denials.access(_access(0xB, "/etc/b"), audit.Syscall(3, 21, "node", "/usr/bin/node"))
+    assert [(pid, e["object"]) for pid, e in w.told] == [(10, "/etc/a"), (20, "/etc/b")]
+    assert w.told[1][1]["process"] == {"pid": 21, "comm": "node", "exe": "/usr/bin/node"}
+    assert a.tally and a.tally.received == 1 and b.tally and b.tally.received == 1
+
+
+def test_a_domain_allocated_before_its_session_is_known_is_kept() -> None:
+    w = World()
+    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))   # the canary came before the zygote's word
+    w.denials.access(_access(0xA, "/run/canary"), None)               # the canary itself: never told
+    s = w.session(10)
+    w.denials.access(_access(0xA, "/etc/a"), None)
+    assert [e["object"] for _, e in w.told] == ["/etc/a"] and s.tally and s.tally.received == 1
+
+
+def test_accesses_of_a_domain_not_known_yet_wait_for_it() -> None:
+    w = World()
+    w.session(10)
+    w.denials.access(_access(0xA, "/etc/a"), None)   # no audit context: the allocated record comes next
+    assert not w.told
+    w.denials.domain(audit.Domain(2, 0xA, "allocated", 10, None))
+    assert [e["object"] for _, e in w.told] == ["/etc/a"]
+
+
+def test_repeats_are_counted_distinct_ones_rate_limited_quiet_ones_suppressed() -> None:
+    w = World()
+    s = w.session(10, quiet=("/proc",))
+    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    for _ in range(1000):
+        w.denials.access(_access(0xA, "/etc/hostname"), None)
+    for i in range(200):
+        w.denials.access(_access(0xA, f"/usr/share/doc/{i}"), None)
+    w.denials.access(_access(0xA, "/proc/1/maps"), None)
+    assert s.tally is not None
+    assert s.tally.received == 1201
+    assert s.tally.seen[(("fs.read_file",), "/etc/hostname")] == 1000
+    assert s.tally.shown == len(w.told) <= d.BURST + 1
+    assert s.tally.hidden == 201 - s.tally.shown
+    assert s.tally.suppressed == 1
+
+
+def test_no_denied_before_spawned_then_in_order() -> None:
+    w = World()
+    s = w.session(10, spawned=False)
+    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    w.denials.access(_access(0xA, "/etc/a"), None)
+    assert not w.told and s.tally and [e["object"] for e in s.tally.early] == ["/etc/a"]
+
+
+def test_the_kernel_count_without_the_canary_settles_the_exit() -> None:
+    w = World()
+    s = w.session(10)
+    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    assert w.denials.awaits(s)
+    settled: list[bool] = []
+    assert s.tally is not None
+    s.tally.on_settled = lambda: settled.append(True)
+    w.denials.domain(audit.Domain(2, 0xA, "deallocated", None, 7))
+    assert settled == [True] and s.tally.kernel == 6 and not w.denials.awaits(s)
+
+
+def test_lines_escape_what_the_server_named() -> None:
+    event = {"rights": ["fs.make_reg"], "object": "/tmp/\x1b[31mred\n", "allow": None,
+             "why_not": "x", "process": {"pid": 5, "comm": "a\rb"}, "manifest": "m"}
+    text = denied.line(event)
+    assert "\x1b" not in text and "\n" not in text and "\r" not in text
+    assert denied.line({"rights": ["fs.read_file"], "object": "/etc/x", "allow": "read_only_noexec: [/etc/x]"}) \
+        == "denied fs.read_file /etc/x: allow with `read_only_noexec: [/etc/x]`"
+
+
+@pytest.mark.parametrize("counts, mode, expect", [
+    ({"received": 0, "shown": 0, "kernel": 0}, "detail", None),
+    ({"received": 0, "shown": 0, "kernel": 5}, "count", "srv: the kernel denied 5 access(es); not logged one by one"),
+    ({"received": 10, "shown": 2, "suppressed": 3, "hidden": 0, "kernel": 12}, "detail",
+     "srv: the kernel denied 12 access(es); 2 shown; 3 suppressed; 2 not received"),
+])
+def test_the_summary_says_what_was_not_shown(counts: dict[str, Any], mode: str, expect: str | None) -> None:
+    got = denied.summary("srv", counts, {"mode": mode})
+    assert got == expect if expect is None else got is not None and got.startswith(expect)
