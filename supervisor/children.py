@@ -172,7 +172,7 @@ class Children:
                                              "denials": self.visibility})
         if session.tally is not None:
             for event in session.tally.early:   # what was denied before `spawned`, in order
-                self.connections.send(session.conn, event)
+                self.connections.offer(session.conn, event)
             session.tally.early = []
         if session.exited is not None:
             self._announce_exit(session)

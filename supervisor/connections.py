@@ -6,8 +6,11 @@ connection is reported to `on_close(conn)` (its child may have to go).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
+import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,9 @@ class Connection:
 
 
 Handler = Callable[[Connection, dict[str, Any], list[int]], None]
+# Bytes a connection may hold unread (kernel accounting) for news to be
+# offered: the socket's buffer (~208 KiB) keeps room for what must arrive.
+UNREAD_MAX = 64 * 1024
 
 
 class Connections:
@@ -240,6 +246,18 @@ class Connections:
     def send(self, conn: Connection | None, message: dict[str, Any]) -> None:
         if conn is not None and not self.reply(conn.sock, message):
             self.close(conn)
+
+    def offer(self, conn: Connection | None, message: dict[str, Any]) -> bool:
+        """Send news a client may not read (a `denied` event) only while its
+        connection holds little unread: never at the cost of its `exited`,
+        nor of the connection. Whether it went."""
+        if conn is None:
+            return False
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(conn.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return queued <= UNREAD_MAX and self.reply(conn.sock, message)
 
     def _on_readable(self, conn: Connection) -> None:
         if conn.sock.fileno() not in self.open:

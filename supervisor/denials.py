@@ -143,10 +143,10 @@ class Denials:
     whoever follows), counts kept per session."""
 
     def __init__(self, canary: str | None, session_of: Callable[[int], Any],
-                 tell: Callable[[Any, dict[str, Any]], None], follow: Callable[[dict[str, Any], int], None]) -> None:
+                 tell: Callable[[Any, dict[str, Any]], bool], follow: Callable[[dict[str, Any], int], None]) -> None:
         self.canary = canary
         self.session_of = session_of   # pid -> Session or None
-        self.tell = tell               # (session, event): to its client
+        self.tell = tell               # (session, event): to its client, if it reads them (whether it went)
         self.follow = follow           # (event, the session's uid): to followers
         self.homes = home_dirs()
         self.domains: dict[int, Any] = {}                                   # domain -> Session
@@ -263,7 +263,9 @@ class Denials:
             event["why_not"] = why
         self.recent.append({**event, "time": time.time(), "uid": session.uid})
         self.follow(event, session.uid)
-        if session.spawned:
-            self.tell(session, event)
-        elif len(tally.early) < BURST:
-            tally.early.append(event)   # no `denied` before `spawned`
+        if not session.spawned:
+            if len(tally.early) < BURST:
+                tally.early.append(event)   # no `denied` before `spawned`
+        elif not self.tell(session, event):
+            tally.shown -= 1
+            tally.hidden += 1   # its client does not read them: counted, never at the cost of its `exited`

@@ -132,7 +132,7 @@ class Supervisor:
             if self.config.control_fd is None:
                 log(f"denials: not visible: {self.audit_mode.reason}")
             return
-        denials = Denials(canary, self.children.sessions.get, lambda s, event: self.connections.send(s.conn, event),
+        denials = Denials(canary, self.children.sessions.get, lambda s, event: self.connections.offer(s.conn, event),
                           self._tell_followers)
         self.reader = audit.Reader(self.loop, sock, denials)
         self.children.denials = denials
@@ -154,7 +154,7 @@ class Supervisor:
     def _tell_followers(self, event: dict[str, Any], uid: int) -> None:
         for conn in list(self.followers):
             if conn.peer.uid in (uid, os.geteuid()):
-                self.connections.send(conn, event)
+                self.connections.offer(conn, event)
 
     # ---- start-up, reload, shutdown ------------------------------------
 

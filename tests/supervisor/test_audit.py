@@ -191,3 +191,24 @@ def test_run_writes_each_denial_on_stderr(lab: Any, host_audit: Any) -> None:
                         f"{lines[0].split('(pid ')[1].split()[0]} cat): allow with "
                         "`read_only_noexec: [/etc/hostname]`"), proc.stderr
     assert "the kernel denied 2 access(es); 1 shown" in lines[-1]
+
+
+def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, host_audit: Any) -> None:
+    lab.stock()
+    listing = lab.dir / "paths"
+    listing.write_text("\n".join(f"/usr/share/doc/{p}" for p in sorted(os.listdir("/usr/share/doc"))))
+    _python(lab, sandbox={"profiles": ["system"], "read_only_noexec": [str(listing)]})
+    sv = lab.start(extra=["--audit", "detail"])
+    script = (f"import os, time\npaths = open({str(listing)!r}).read().split()\n"
+              "def deny(paths):\n    for p in paths:\n        try:\n            os.listdir(p)\n"
+              "        except PermissionError:\n            pass\n"
+              "deny(paths)\ntime.sleep(4)\ndeny(p + '/.' for p in paths)\n")
+    child, pipes = spawn_bg(sv.client, "py", [script])
+    try:
+        # Nothing read for the whole run: what did not fit is counted as hidden.
+        assert wait_until(lambda: not os.path.exists(f"/proc/{child.pid}"), 30)
+        assert child.wait(30) == 0
+        counts = child.exited["denials"]
+        assert counts["shown"] == len(child.denied) and counts["hidden"] > 0
+    finally:
+        pipes.close()

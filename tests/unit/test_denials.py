@@ -120,7 +120,7 @@ class World:
         self.sessions: dict[int, Session] = {}
         self.told: list[tuple[int, dict[str, Any]]] = []
         self.followed: list[dict[str, Any]] = []
-        self.denials = d.Denials("/run/canary", self.sessions.get, lambda s, e: self.told.append((s.pid, e)),
+        self.denials = d.Denials("/run/canary", self.sessions.get, lambda s, e: self.told.append((s.pid, e)) or True,
                                  lambda e, uid: self.followed.append(e))
 
     def session(self, pid: int, quiet: tuple[str, ...] = (), spawned: bool = True) -> Session:
