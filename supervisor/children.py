@@ -286,7 +286,7 @@ class Children:
         exited = session.exited
         assert exited is not None
         tally = session.tally
-        if tally is not None and self.denials is not None and self.denials.awaits(session):
+        if tally is not None and session.conn is not None and self.denials is not None and self.denials.awaits(session):
             self._settle_later(session, SETTLE_WAIT)
             return
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
