@@ -212,3 +212,16 @@ def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, h
         assert counts["shown"] == len(child.denied) and counts["hidden"] > 0
     finally:
         pipes.close()
+
+
+def test_without_a_canary_the_first_logged_denial_names_the_domain(lab: Any, host_audit: Any) -> None:
+    # A manifest that may read everything: the canary is allowed, and the
+    # domain is learnt from the `allocated` record of its first denial.
+    lab.manifest("reads_all", command="/bin/sh", args=["-c"], client_args=True,
+                 sandbox={"profiles": ["system"], "read_only": ["/"]})
+    sv = lab.start(extra=["--audit", "detail"])
+    target = lab.dir / "w"
+    target.mkdir()
+    result, denied = _collect(sv.client, "reads_all", [f"echo x > {target}/f; true"])
+    assert [(e["rights"], e["object"]) for e in denied] == [(["fs.make_reg"], str(target))], denied
+    assert denied[0]["allow"] == f"read_write_noexec: [{target}]"

@@ -218,3 +218,38 @@ def test_lines_escape_what_the_server_named() -> None:
 def test_the_summary_says_what_was_not_shown(counts: dict[str, Any], mode: str, expect: str | None) -> None:
     got = denied.summary("srv", counts, {"mode": mode})
     assert got == expect if expect is None else got is not None and got.startswith(expect)
+
+
+def _status(**fields: int) -> audit.Status:
+    values = dict.fromkeys(audit.Status._fields, 0)
+    values.update({"failure": 1, "backlog_limit": 64, **fields})
+    return audit.Status(**values)
+
+
+@pytest.mark.parametrize("requested, status, mode, panic, changes", [
+    (None, _status(enabled=0), "off", False, []),
+    (None, _status(enabled=1), "count", False, []),
+    (None, _status(enabled=1, failure=2), "count", True, []),
+    ("count", _status(enabled=0), "count", False, [{"enabled": 1}, {"backlog_limit": 8192}]),
+    ("count", _status(enabled=1, pid=42), "count", False, []),          # an auditd owns the backlog
+    ("detail", _status(enabled=2), "detail", False, []),                # locked: nothing to change
+    ("detail", _status(enabled=1, failure=2), SystemExit, True, []),
+    ("off", _status(enabled=1), "off", False, []),
+])
+def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch, requested: str | None,
+                                                 status: audit.Status, mode: Any, panic: bool,
+                                                 changes: list[dict[str, int]]) -> None:
+    from supervisor import audit as supervisor_audit
+    made: list[dict[str, int]] = []
+    monkeypatch.setattr(supervisor_audit.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(supervisor_audit, "_other_netns", lambda: False)
+    monkeypatch.setattr(audit, "status", lambda: status)
+    monkeypatch.setattr(audit, "set_status", lambda **f: made.append(f))
+    if mode is SystemExit:
+        with pytest.raises(SystemExit, match="failure=2"):
+            supervisor_audit.choose(requested, False, True)
+        return
+    got = supervisor_audit.choose(requested, False, True)
+    assert (got.name, got.panic if got.name != "off" else panic, made) == (mode, panic, changes)
+    if mode == "off" and requested is None:
+        assert "audit is off on this host" in got.reason and "learn" in got.reason
