@@ -146,14 +146,14 @@ TARGETS = (
            readable=lambda h: VENV1 / "mcp-server-calculator"),
     Target("sqlite", "sqlite",
            lambda h: [str(VENV1 / "mcp-server-sqlite"), "--db-path", str(_db(h))],
-           lambda h: [Call("create_table", {"query": "CREATE TABLE notes (body TEXT)"}, "Table created"),
+           lambda h: [Call("create_table", {"query": "CREATE TABLE IF NOT EXISTS notes (body TEXT)"}, "Table created"),
                       Call("write_query", {"query": "INSERT INTO notes VALUES ('while learning')"},
                            "'affected_rows': 1"),
                       Call("read_query", {"query": "SELECT body FROM notes"}, "while learning")],
            lambda h: [Call("write_query", {"query": "INSERT INTO notes VALUES ('through the supervisor')"},
                            "'affected_rows': 1"),
                       Call("read_query", {"query": "SELECT body FROM notes ORDER BY rowid"},
-                           "'while learning'}, {'body': 'through the supervisor'"),
+                           "'while learning'}, {'body': 'through the supervisor'}]"),
                       # The server opens what it is asked to; the kernel does not let it.
                       Call("write_query", {"query": f"ATTACH DATABASE '{h.secret}' AS stolen"},
                            f"Database error: unable to open database: {h.secret}")],
@@ -204,6 +204,11 @@ class Learnt:
     def describe(self) -> str:
         return (f"`{' '.join(self.argv)}` exited {self.status} after {self.seconds:.1f} s\n"
                 f"--- stdout:\n{self.out[-3000:]}\n--- stderr:\n{self.err[-3000:]}")
+
+    @property
+    def summary(self) -> str:
+        """What learn printed on stderr: its rounds, grants and refusals."""
+        return f"--- learn's summary:\n{self.err[-1500:]}"
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +312,7 @@ def test_learned_server_works_through_the_supervisor(learnt: dict[str, Learnt], 
     one = learnt_ok(learnt, name)
     t = BY_NAME[name]
     got = sessions[name]
-    where = f"{name} through `run` (learn's summary:\n{one.out[-1500:]})\nclient stderr:\n{got['client_stderr']}"
+    where = f"{name} through `run`\n{one.summary}\n--- client stderr:\n{got['client_stderr']}"
     assert "error" not in got, f"{got.get('stage')}: {got['error']}\n{where}"
     assert got["server"] == t.server, f"initialize: {got}\n{where}"
     assert {c.tool for c in t.run_calls(world)} <= set(got["tools"]), f"tools/list: {got['tools']}\n{where}"
@@ -320,12 +325,13 @@ def test_learned_server_works_through_the_supervisor(learnt: dict[str, Learnt], 
 
 def test_writers_wrote_where_they_were_told(learnt: dict[str, Learnt], sessions: dict[str, Any],
                                            world: Home) -> None:
-    """What the servers wrote, learning and then confined, is in their files."""
+    """What the servers wrote, learning and then confined, is in their files
+    (learn replays the session in each of its runs: as many rows)."""
     learnt_ok(learnt, "sqlite")
     learnt_ok(learnt, "knowledge-graph")
     with sqlite3.connect(f"file:{_db(world)}?mode=ro", uri=True) as db:
         rows = [r[0] for r in db.execute("SELECT body FROM notes ORDER BY rowid")]
-    assert rows == ["while learning", "through the supervisor"], rows
+    assert rows[-1] == "through the supervisor" and set(rows[:-1]) == {"while learning"}, rows
     graph = _graph(world).read_text()
     assert "written while learning" in graph and "added through the supervisor" in graph, graph
 
@@ -366,9 +372,11 @@ def test_secret_in_home_stays_denied(learnt: dict[str, Learnt], world: Home, nam
     one = learnt_ok(learnt, name)
     spec = load(world, name).spec
     control = BY_NAME[name].readable(world)
-    assert confined_open(spec, control) == 0, f"the learned spec does not let {control} be read:\n{one.out}"
+    got = confined_open(spec, control)
+    assert got == 0, (f"the learned spec, as uid {spec.user}, does not let {control} be read: "
+                      f"{errno.errorcode.get(got, got)} (owner uid {control.stat().st_uid})\n{one.summary}")
     got = confined_open(spec, world.secret)
-    assert got == errno.EACCES, f"{world.secret}: {errno.errorcode.get(got, got)}, not EACCES:\n{one.out}"
+    assert got == errno.EACCES, f"{world.secret}: {errno.errorcode.get(got, got)}, not EACCES\n{one.summary}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -386,7 +394,7 @@ def test_nothing_under_home_but_what_the_server_needs(learnt: dict[str, Learnt],
                 wrong.append(f"{cls}: {p} (holds HOME)")
             elif p.startswith(home + "/") and not (allowed and (p == allowed or p.startswith(allowed + "/"))):
                 wrong.append(f"{cls}: {p}")
-    assert not wrong, f"{name} grants under {home}: {wrong}\n{Path(m.source).read_text()}\n{one.out[-1500:]}"
+    assert not wrong, f"{name} grants under {home}: {wrong}\n{Path(m.source).read_text()}\n{one.summary}"
     assert m.state_dir is None or not m.state_dir.startswith(home + "/"), m.state_dir
 
 
