@@ -96,7 +96,9 @@ def servers_problem() -> str | None:
     """Why the installed servers cannot be used, or None."""
     needed = [SERVERS / "servers.env", SERVERS / "node" / "node_modules" / "@modelcontextprotocol",
               SERVERS / "venv" / "bin" / "mcp-server-time", SERVERS / "venv" / "bin" / "mcp-server-git",
-              SERVERS / "venv" / "bin" / "uvx", SERVERS / "npm-cache" / "_npx", SERVERS / "uv-cache"]
+              SERVERS / "venv" / "bin" / "uvx", SERVERS / "npm-cache" / "_npx", SERVERS / "uv-cache",
+              SERVERS / "venv-mcp1" / "bin" / "mcp-server-sqlite",   # the learn tests' (test_learn.py)
+              SERVERS / "node" / "node_modules" / "@itseasy21" / "mcp-knowledge-graph"]
     missing = [str(p) for p in needed if not p.exists()] if SERVERS.is_dir() else [f"{SERVERS} itself"]
     if missing:
         return (f"the real MCP servers are not installed ({', '.join(missing)} missing): "
