@@ -32,7 +32,8 @@ from .trace import EXEC, STRACE, Access, strace_argv
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED = 0, 1, 2, 3, 4
 PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
-SCRATCH_PARENT = "/var/tmp"    # not under /tmp, which the learning run may write
+SCRATCH_PARENT = "/var/tmp"
+_SHOWN = 12       # refusals in the summary    # not under /tmp, which the learning run may write
 
 
 class LearnError(Exception):
@@ -127,6 +128,7 @@ class Learner:
         os.makedirs(os.path.dirname(self.area), exist_ok=True)
         if os.path.isdir(real_area):
             shutil.copytree(real_area, self.area, symlinks=True)
+        os.makedirs(self.state_dir, exist_ok=True)   # else the area looks like the old layout, and is moved
         if not self.root:
             return os.getuid(), tuple(os.getgroups())
         table = os.path.join(self.real_state_root, ids.TABLE)
@@ -311,10 +313,11 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
     for g in proposal.grants:
         if g.flag:
             out.append(f"  broad: {g.cls} {g.path}: {g.flag}")
-    for path, why in sorted(proposal.writes.items()):
-        out.append(f"  not granted (learn again with --write {path} to allow it): write {path}: {why}")
-    for what, why in sorted(proposal.refused.items()):
-        out.append(f"  refused: {what}: {why}")
+    items = [f"  not granted (learn again with --write {path} to allow it): {why}"
+             for path, why in sorted(proposal.writes.items())]
+    items += [f"  refused: {what}: {why}" for what, why in sorted(proposal.refused.items())]
+    out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
+                             if len(items) > _SHOWN else [])
     if not validated:
         last = learner.rounds[-1][1]
         out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else

@@ -55,10 +55,17 @@ DenialSource = Callable[[Run], list[Access]]
 def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]], *, timeout: float,
         trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...]) -> Run:
     started = time.monotonic()
+    log = os.path.join(os.path.dirname(stderr_path), "supervisor.log")
+    saved, quiet = os.dup(2), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.dup2(quiet, 2)   # its log (state handed over to the uid...) is the scratch's business, not the user's
     try:
         client = start([manifest], state_root=state_root, only=name)
     except PrivateStartFailed as e:
-        raise RunFailed(f"the private supervisor did not start: {e}") from None
+        raise RunFailed(f"the private supervisor did not start: {e}: {_tail(log).strip()}") from None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
     try:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -136,16 +143,17 @@ def trace_files(trace_dir: str) -> Iterator[tuple[str, list[str]]]:
 
 
 def accesses(r: Run) -> list[Access]:
-    """Everything the traced run did that Landlock checks."""
+    """Everything the traced run did that Landlock checks, less the denials
+    the file modes alone explain (Landlock comes after DAC, and a trace
+    cannot tell the two apart: a PATH search through /root, say)."""
     return [a for name, lines in trace_files(r.trace_dir)
-            for a in read_task(lines, r.cwd, "task " + name.rpartition(".")[2])]
+            for a in read_task(lines, r.cwd, "task " + name.rpartition(".")[2])
+            if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
 
 
 def strace_denials(r: Run) -> list[Access]:
-    """The DenialSource of a traced run: EACCES and EXDEV on checked calls,
-    less those the file modes alone explain (Landlock comes after DAC, and
-    a trace cannot tell the two apart)."""
-    return [a for a in accesses(r) if a.denied and not (a.path and dac_denies(a, r.uid, r.gids))]
+    """The DenialSource of a traced run: EACCES and EXDEV on checked calls."""
+    return [a for a in accesses(r) if a.denied]
 
 
 def dac_denies(a: Access, uid: int, gids: tuple[int, ...]) -> bool:
