@@ -113,7 +113,8 @@ class _Reader:
         while True:
             message = self._message(deadline)
             if "method" in message and "id" in message:   # the server asks us something
-                answer = {"ping": {}, "roots/list": {"roots": []}}.get(message["method"])
+                answers: dict[str, dict[str, Any]] = {"ping": {}, "roots/list": {"roots": []}}
+                answer = answers.get(message["method"])
                 _send(stdin, {"jsonrpc": "2.0", "id": message["id"], **(
                     {"result": answer} if answer is not None else
                     {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})})
