@@ -105,7 +105,7 @@ class Learner:
         env = {"HOME": "${STATE_DIR}", **opts.env}
         inherit = tuple(dict.fromkeys(["PATH", *opts.inherit_env]))
         self.draft = render.Draft(self.name, self.command, tuple(opts.command[1:]), opts.cwd, env, inherit,
-                                  dynamic=self.root)
+                                  dynamic=self.root, uid=None if self.root else os.getuid())
         self.real_state_root = opts.state_root or default_state_root()
         self.scratch = tempfile.mkdtemp(prefix="landlock-learn-", dir=SCRATCH_PARENT)
         os.chmod(self.scratch, 0o755)   # the dynamic user walks through to its state directory

@@ -26,6 +26,7 @@ class Draft:
     env: Mapping[str, str] = field(default_factory=dict)
     inherit_env: tuple[str, ...] = ("PATH",)
     dynamic: bool = False      # `user: dynamic` (a root supervisor's)
+    uid: int | None = None     # otherwise: the invoking user, whose own supervisor runs it as itself
 
 
 def q(text: str) -> str:
@@ -50,6 +51,8 @@ def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = N
     out.append(_line("state_dir: true", "its own writable directory, and its caches beside it"))
     if draft.dynamic:
         out.append(_line("user: dynamic", "a root supervisor gives it a uid of its own"))
+    elif draft.uid is not None:
+        out.append(f"# no user: a user's own supervisor runs it as itself (learnt as uid {draft.uid})")
     return out
 
 
