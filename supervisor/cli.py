@@ -1,4 +1,4 @@
-"""landlock-supervisor: serve, run, ping, list, stats, denials, check."""
+"""landlock-supervisor: serve, run, ping, list, stats, denials, check, learn."""
 from __future__ import annotations
 
 import argparse
@@ -81,9 +81,39 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true")
     check.add_argument("--profiles", action="store_true", help="list the built-in profiles")
     check.add_argument("manifest", nargs="*", help="manifest files (or use --manifests)")
+    _learn_parser(sub)
     for parser in sub.choices.values():
         parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
     return p
+
+
+def _learn_parser(sub: Any) -> None:
+    learn = sub.add_parser("learn", help="learn a server's manifest from confined, traced runs of an MCP session",
+                           description="Runs COMMAND under strace, confined by a learning policy, as the uid "
+                                       "the supervisor will give it, drives an MCP session, and writes a "
+                                       "commented manifest validated by confined runs of the same session. "
+                                       "Exit 0: validated; 4: written, not validated; 1: failed; 2: usage; "
+                                       "3: Landlock unavailable.")
+    learn.add_argument("--name", help="the manifest's name (default: from the command)")
+    learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
+    learn.add_argument("--session", metavar="FILE",
+                       help="JSON lines of requests ({\"method\": ..., \"params\": ...}) sent after initialize")
+    learn.add_argument("--call", nargs=2, action="append", default=[], metavar=("TOOL", "JSON"),
+                       help="call TOOL with these arguments (repeatable; after tools/list or the session)")
+    learn.add_argument("--write", action="append", default=[], metavar="PATH",
+                       help="a path the server may write while learning, granted if it does (repeatable)")
+    learn.add_argument("--cwd", metavar="DIR", help="the server's working directory (default: its state directory)")
+    learn.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                       help="a variable the manifest sets (default HOME=${STATE_DIR})")
+    learn.add_argument("--inherit-env", action="append", default=[], metavar="NAME",
+                       help="a variable the manifest takes from the supervisor's environment (PATH always)")
+    learn.add_argument("--state-root", metavar="DIR",
+                       help="the state root of the supervisor that will serve it (its area is copied for the runs)")
+    learn.add_argument("--rounds", type=int, default=5, metavar="N", help="runs at most (default 5)")
+    learn.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="for each reply of the session (default 60)")
+    learn.add_argument("--keep", action="store_true", help="keep the scratch directory (traces, round manifests)")
+    learn.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
 
 
 def _fail(code: int, message: str) -> int:
@@ -101,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "denials":
         from .denied import main as denials_main
         return denials_main(args)
+    if args.command == "learn":
+        return _learn(args)
     from . import client as clients
     from .paths import NoDefaultSocket
     try:
@@ -113,6 +145,45 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
+
+
+def _learn(args: argparse.Namespace) -> int:
+    from .learn import exclude, learner
+    from .learn.session import SessionFileError, requests
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        return _fail(EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
+    if not 1 <= args.rounds <= 20 or args.timeout <= 0:
+        return _fail(EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
+    try:
+        env = dict(learner.parse_env(args.env))
+        lines = None
+        if args.session:
+            with open(args.session) as f:
+                lines = f.read(1 << 22).splitlines()
+        plan = requests([tuple(c) for c in args.call], lines, args.session or "--session")
+    except learner.LearnError as e:
+        return _fail(e.code, f"learn: {e}")
+    except (OSError, SessionFileError) as e:
+        return _fail(EXIT_USAGE, f"learn: {e}")
+    writes = []
+    for path in args.write:
+        real = os.path.realpath(path)
+        home = learner.own_home()
+        why = "never /" if real == "/" else exclude.refusal(real, exclude.excluded(home, [], []))
+        if why or real in exclude.homes(None):
+            return _fail(EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why or 'a home directory'})")
+        writes.append(real)
+    cwd = os.path.realpath(args.cwd) if args.cwd else None
+    if cwd is not None and not os.path.isdir(cwd):
+        return _fail(EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
+    session_text = ", ".join(r["method"] + (f" {r['params'].get('name')}" if r["method"] == "tools/call" else "")
+                             for r in plan)
+    opts = learner.Options(command=command, name=args.name, out=args.out,
+                           session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
+                           inherit_env=args.inherit_env, state_root=args.state_root, rounds=args.rounds,
+                           timeout=args.timeout, keep=args.keep)
+    return learner.main(opts)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,376 @@
+"""`landlock-supervisor learn`: a server command -> a manifest that works, in bounded rounds.
+
+Round 1 runs the server under strace, confined by a learning policy (read
+and execute everything but the excluded paths; write its scratch state
+directory, /tmp and the --write paths; network as its profile), as the uid
+the supervisor will give it. The accesses, with the files the kernel
+executes inside execve, collapse into a proposal. Each later round runs the
+proposal itself, traced, and adds what was denied, until a run has no
+denial. The scratch directory is removed at the end.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import ids, profiles
+from ..paths import default_state_root
+from . import collapse as collapsing
+from . import exclude, execs, render, runner
+from .collapse import Layout, Proposal
+from .session import Outcome
+from .trace import EXEC, STRACE, Access, strace_argv
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED = 0, 1, 2, 3, 4
+PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
+SCRATCH_PARENT = "/var/tmp"
+_SHOWN = 12       # refusals in the summary    # not under /tmp, which the learning run may write
+
+
+class LearnError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Options:
+    command: list[str]
+    name: str | None = None
+    out: str = "-"
+    session: list[dict[str, Any]] = field(default_factory=list)
+    session_text: str = "initialize, tools/list"
+    writes: list[str] = field(default_factory=list)
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    inherit_env: list[str] = field(default_factory=list)
+    state_root: str | None = None
+    rounds: int = 5
+    timeout: float = 60.0
+    keep: bool = False
+
+
+def name_for(command: Sequence[str]) -> str:
+    """A manifest name from the command: the package an npx/uvx runs, else the program's."""
+    program = os.path.basename(command[0])
+    words = [w for w in command[1:] if not w.startswith("-")]
+    if program in ("npx", "uvx") and words:
+        if program == "uvx" and "--from" in command:
+            words = [command[command.index("--from") + 1]]
+        program = re.sub(r"(?<=.)@.*$|[=<>~!].*$", "", words[0]).rsplit("/", 1)[-1]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", program).strip("-._")[:64]
+    return name or "server"
+
+
+def profiles_for(command: str) -> tuple[str, ...]:
+    """The profiles a command's kind needs from its first run on."""
+    base = os.path.basename(command)
+    interpreter = os.path.basename(execs.shebang(command)[-1]) if execs.shebang(command) else ""
+    if base == "npx":
+        return ("system", "npx")
+    if base in ("uvx", "uv"):
+        return ("system", "uvx")
+    if "node" in (base, interpreter) or base == "nodejs":
+        return ("system", "node")
+    if base.startswith("python") or interpreter.startswith("python"):
+        return ("system", "python")
+    return ("system",)
+
+
+def _profile_notes() -> dict[str, str]:
+    return {name: (fn.__doc__ or "").split(";")[0].split(". ")[0].rstrip(".") for name, fn in
+            profiles.PROFILES.items()}
+
+
+class Learner:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.root = os.geteuid() == 0
+        env_path = opts.env.get("PATH") or os.environ.get("PATH", os.defpath)
+        found = shutil.which(opts.command[0], path=env_path) if "/" not in opts.command[0] else opts.command[0]
+        if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise LearnError(f"{opts.command[0]}: not an executable file (PATH {env_path})", EXIT_USAGE)
+        self.command = os.path.abspath(found)
+        self.name = opts.name or name_for(opts.command)
+        self.profiles = profiles_for(self.command)
+        env = {"HOME": "${STATE_DIR}", **opts.env}
+        inherit = tuple(dict.fromkeys(["PATH", *opts.inherit_env]))
+        self.draft = render.Draft(self.name, self.command, tuple(opts.command[1:]), opts.cwd, env, inherit,
+                                  dynamic=self.root, uid=None if self.root else os.getuid())
+        self.real_state_root = opts.state_root or default_state_root()
+        self.scratch = tempfile.mkdtemp(prefix="landlock-learn-", dir=SCRATCH_PARENT)
+        os.chmod(self.scratch, 0o755)   # the dynamic user walks through to its state directory
+        self.state_root = os.path.join(self.scratch, "state")
+        self.private = os.path.join(self.scratch, "private")
+        os.mkdir(self.private, 0o700)
+        self.area = os.path.join(self.state_root, "servers", self.name)
+        self.state_dir = os.path.join(self.area, "state")
+        self.uid, self.gids = self._identity()
+        self.accesses: list[Access] = []
+        self.rounds: list[tuple[str, runner.Run, int]] = []   # (what, run, denials)
+        self._current_trace = ""
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _identity(self) -> tuple[int, tuple[int, ...]]:
+        """The uid the server runs as: the real table's dynamic uid as root
+        (copied into the scratch state root, with the server's area)."""
+        real_area = os.path.join(self.real_state_root, "servers", self.name)
+        os.makedirs(os.path.dirname(self.area), exist_ok=True)
+        if os.path.isdir(real_area):
+            shutil.copytree(real_area, self.area, symlinks=True)
+        os.makedirs(self.state_dir, exist_ok=True)   # else the area looks like the old layout, and is moved
+        if not self.root:
+            return os.getuid(), tuple(os.getgroups())
+        table = os.path.join(self.real_state_root, ids.TABLE)
+        if os.path.isfile(table):
+            shutil.copyfile(table, os.path.join(self.state_root, ids.TABLE))
+        uid = ids.Table(self.state_root).assign([self.name])[self.name]
+        return uid, (uid,)
+
+    def child_env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in self.draft.inherit_env if k in os.environ}
+        env.update({k: v.replace("${STATE_DIR}", self.state_dir) for k, v in self.draft.env.items()})
+        return env
+
+    def fragments(self) -> dict[str, dict[str, list[str]]]:
+        """What each profile would grant this server (during the runs)."""
+        ctx = profiles.Context(env=self.child_env(), state_dir=self.state_dir, command=self.command,
+                               area=self.area, given=frozenset(self.draft.env) | set(self.draft.inherit_env))
+        out = {}
+        for name, fn in profiles.PROFILES.items():
+            try:
+                out[name] = {cls: list(paths) for cls, paths in fn(ctx).paths.items()}
+            except ValueError:
+                continue
+        return out
+
+    def layout(self) -> Layout:
+        home = own_home()
+        projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
+        projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
+        excluded = exclude.excluded(home, projects, {self.real_state_root, default_state_root()})
+        homes = tuple(exclude.homes(None))
+        return Layout(cwd=self.opts.cwd or self.state_dir, state_dir=self.state_dir, area=self.area,
+                      scratch=self.scratch, home=home, writable=tuple(self.opts.writes),
+                      excluded=tuple(excluded), homes=homes, chosen=self.profiles, fragments=self.fragments(),
+                      package_roots=(), ports=self._ports())
+
+    def _ports(self) -> tuple[int, ...]:
+        return tuple(p for name in self.profiles for p in PROFILE_PORTS.get(name, ()))
+
+    def trace_dir(self, number: int) -> str:
+        path = os.path.join(self.scratch, f"trace-{number}")
+        os.mkdir(path, 0o700)
+        if self.root:
+            os.chown(path, self.uid, self.uid)
+        return path
+
+    # -- the runs -------------------------------------------------------------
+
+    def _run(self, number: int, text: str) -> runner.Run:
+        manifest = os.path.join(self.private, f"round-{number}.yaml")
+        with open(manifest, "w") as f:
+            f.write(text)
+        cwd = self.opts.cwd or self.state_dir
+        return runner.run(manifest, self.name, self.state_root, self.opts.session, timeout=self.opts.timeout,
+                          trace_dir=self._current_trace, cwd=cwd,
+                          stderr_path=os.path.join(self.private, f"round-{number}.stderr"),
+                          uid=self.uid, gids=self.gids)
+
+    def learning_manifest(self, trace: str, layout: Layout) -> str:
+        """Round 1's: the learning policy, the command under strace."""
+        covering = exclude.covering_set([e.path for e in layout.excluded])
+        writable = ["/tmp", *self.opts.writes, trace]
+        lines = render.top(self.draft, STRACE, strace_argv(os.path.join(trace, "t"),
+                                                           [self.command, *self.draft.args])[1:])
+        lines += ["sandbox:", f"  profiles: [{', '.join(self.profiles)}]", "  read_only:"]
+        lines += [f"    - {render.q(p)}" for p in covering]
+        lines += ["  read_write_noexec:"] + [f"    - {render.q(p)}" for p in writable]
+        ports = self._ports()
+        if ports:
+            lines += ["  network:", f"    connect_tcp: [{', '.join(map(str, ports))}]"]
+        return "\n".join(lines) + "\n"
+
+    def traced_variant(self, proposal: Proposal, trace: str, layout: Layout) -> str:
+        """A proposal run under strace: strace and its libraries, the trace
+        directory, and what the profiles give the real command (the
+        variant's command is strace) are added, for this run only."""
+        extra: dict[str, list[str]] = {"read_only": [STRACE, *strace_libraries()], "read_write_noexec": [trace]}
+        for name in proposal.profiles:
+            for cls, paths in layout.fragments.get(name, {}).items():
+                extra.setdefault(cls, []).extend(paths)
+        lines = render.top(self.draft, STRACE, strace_argv(os.path.join(trace, "t"),
+                                                           [self.command, *self.draft.args])[1:])
+        lines += render.sandbox(proposal, extra)
+        return "\n".join(lines) + "\n"
+
+    def observed(self, run: runner.Run, only_denied: bool, round_number: int) -> list[Access]:
+        """A run's accesses (or its denials), resolved to the files Landlock
+        sees, with the files the kernel executed for each exec."""
+        found = runner.strace_denials(run) if only_denied else runner.accesses(run)
+        env = self.child_env()
+        resolved: dict[str, str] = {}
+
+        def real(path: str) -> str:
+            if path not in resolved:
+                resolved[path] = os.path.realpath(path) if path else path
+            return resolved[path]
+
+        out = []
+        chained: set[str] = set()
+        for a in found:
+            a = replace(a, path=real(a.path), evidence=a.evidence + (f", round {round_number}" if only_denied
+                                                                      else ""))
+            out.append(a)
+            if a.kind == EXEC and a.path not in chained:
+                chained.add(a.path)
+                out += [Access(EXEC, real(p), denied=a.denied, evidence=why) for p, why in
+                        execs.chain(a.path, env)]
+        return out
+
+    # -- the rounds -----------------------------------------------------------
+
+    def learn(self) -> tuple[str, Proposal, bool]:
+        layout = self.layout()
+        self._current_trace = self.trace_dir(1)
+        first = self._run(1, self.learning_manifest(self._current_trace, layout))
+        if not first.outcomes or not first.outcomes[0].ok:
+            raise LearnError(f"the server did not answer initialize under the learning policy "
+                             f"({_outcome_text(first.outcomes)}); its stderr ends with:\n{first.stderr.strip()}")
+        self.accesses = self.observed(first, False, 1)
+        self.rounds.append(("learning run", first, 0))
+        proposal = collapsing.collapse(self.accesses, layout)
+        validated = False
+        for number in range(2, self.opts.rounds + 1):
+            self._current_trace = self.trace_dir(number)
+            run = self._run(number, self.traced_variant(proposal, self._current_trace, layout))
+            denials = self.observed(run, True, number)
+            self.rounds.append(("validation run", run, len(denials)))
+            before = render.sandbox(proposal)
+            self.accesses += denials
+            proposal = collapsing.collapse(self.accesses, layout)
+            if render.sandbox(proposal) == before:
+                validated = run.answered and len(run.outcomes) == len(self.opts.session)
+                break
+        return self.text(proposal, layout, validated), proposal, validated
+
+    def text(self, proposal: Proposal, layout: Layout, validated: bool) -> str:
+        runs = len(self.rounds)
+        header = [f"{self.name}: learned by `landlock-supervisor learn` ({runs} run{'s' * (runs != 1)}; "
+                  + ("the last had no denial)." if validated else "NOT validated: see the summary on stderr)."),
+                  f"Command: {' '.join(self.opts.command)}",
+                  f"Session: {self.opts.session_text}.",
+                  "A trace sees only the paths this session took: review each grant, and learn again",
+                  "with more --call (or a --session file) if the server does more in real use.", ""]
+        return render.manifest(self.draft, proposal, header, _profile_notes())
+
+    def close(self) -> None:
+        if not self.opts.keep:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def own_home() -> str | None:
+    """The home a server has: the invoking user's; none as root (a dynamic user)."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+
+
+def strace_libraries() -> list[str]:
+    """The shared libraries strace loads (ldd's list), resolved."""
+    try:
+        out = subprocess.run(["ldd", STRACE], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})
+
+
+def _outcome_text(outcomes: Sequence[Outcome]) -> str:
+    return ", ".join(f"{o.method}: {'ok' if o.ok else o.detail}" for o in outcomes) or "no reply"
+
+
+def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: float) -> list[str]:
+    out = [f"learn: {learner.name}: {len(learner.rounds)} runs in {seconds:.1f}s"]
+    for number, (what, run, denials) in enumerate(learner.rounds, 1):
+        tail = f", {denials} denial{'s' * (denials != 1)}" if number > 1 else ""
+        out.append(f"  run {number} ({what}, {run.seconds:.1f}s): {_outcome_text(run.outcomes)}{tail}")
+    grants = sum(1 for _ in proposal.grants) + len(proposal.connect_tcp) + len(proposal.bind_tcp)
+    out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; "
+               f"{grants - len(proposal.grants)} ports")
+    for g in proposal.grants:
+        if g.flag:
+            out.append(f"  broad: {g.cls} {g.path}: {g.flag}")
+    items = [f"  not granted (learn again with --write {path} to allow it): {why}"
+             for path, why in sorted(proposal.writes.items())]
+    items += [f"  refused: {what}: {why}" for what, why in sorted(proposal.refused.items())]
+    out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
+                             if len(items) > _SHOWN else [])
+    if not validated:
+        last = learner.rounds[-1][1]
+        out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else
+                                         f"the session failed ({_outcome_text(last.outcomes)})"))
+        if last.stderr.strip():
+            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])
+    return out
+
+
+def main(opts: Options) -> int:
+    if not os.path.isfile(STRACE):
+        print(f"landlock-supervisor: learn needs strace ({STRACE}): apt-get install strace", file=sys.stderr)
+        return EXIT_FAILED
+    started = time.monotonic()
+    try:
+        learner = Learner(opts)
+    except LearnError as e:
+        print(f"landlock-supervisor: {e}", file=sys.stderr)
+        return e.code
+    try:
+        text, proposal, validated = learner.learn()
+        _write(opts.out, text)
+    except runner.RunFailed as e:
+        print(f"landlock-supervisor: learn: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE if e.unavailable else EXIT_FAILED
+    except (LearnError, OSError) as e:
+        print(f"landlock-supervisor: learn: {e}", file=sys.stderr)
+        return e.code if isinstance(e, LearnError) else EXIT_FAILED
+    finally:
+        learner.close()
+    for line in summary(learner, proposal, validated, time.monotonic() - started):
+        print(line, file=sys.stderr)
+    if opts.out != "-":
+        print(f"  written: {opts.out}", file=sys.stderr)
+    return EXIT_OK if validated else EXIT_NOT_VALIDATED
+
+
+def _write(out: str, text: str) -> None:
+    if out == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+
+
+def parse_env(pairs: Sequence[str]) -> Mapping[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise LearnError(f"--env: expected NAME=VALUE, got {pair!r}", EXIT_USAGE)
+        out[key] = value
+    return out

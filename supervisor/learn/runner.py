@@ -1,0 +1,181 @@
+"""One confined run of a manifest through a private supervisor, its MCP session driven, and what it did.
+
+The same code path as `run --manifests`: the server gets the argv,
+environment, cwd, uid and state directory the supervisor will give it.
+What a run saw comes from its strace files; what it was denied comes from a
+`DenialSource` (strace's EACCES today; audit records can be one too).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import SupervisorError
+from ..private import PrivateStartFailed, start
+from .session import Outcome, drive
+from .trace import CREATE, EXEC, READ, REMOVE, WRITE, Access, read_task
+
+MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
+_STDERR_TAIL = 2000
+
+
+class RunFailed(RuntimeError):
+    """The supervisor could not start or spawn (unavailable: Landlock is missing)."""
+
+    def __init__(self, message: str, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+@dataclass
+class Run:
+    outcomes: list[Outcome]
+    status: int | None
+    stderr: str
+    trace_dir: str
+    cwd: str
+    seconds: float
+    uid: int
+    gids: tuple[int, ...] = field(default=())
+
+    @property
+    def answered(self) -> bool:
+        """Every request got a reply (an error reply included: the server ran)."""
+        return bool(self.outcomes) and all(o.ok or o.detail.startswith("error ") for o in self.outcomes)
+
+
+DenialSource = Callable[[Run], list[Access]]
+
+
+def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]], *, timeout: float,
+        trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...]) -> Run:
+    started = time.monotonic()
+    log = os.path.join(os.path.dirname(stderr_path), "supervisor.log")
+    saved, quiet = os.dup(2), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.dup2(quiet, 2)   # its log (state handed over to the uid...) is the scratch's business, not the user's
+    try:
+        client = start([manifest], state_root=state_root, only=name)
+    except PrivateStartFailed as e:
+        raise RunFailed(f"the private supervisor did not start: {e}: {_tail(log).strip()}") from None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
+    try:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            child = client.spawn(name, stdin=in_r, stdout=out_w, stderr=err)
+        except SupervisorError as e:
+            raise RunFailed(str(e), unavailable=e.code == "confinement_unavailable") from None
+        except (OSError, TimeoutError) as e:
+            raise RunFailed(f"spawn: {e}") from None
+        finally:
+            for fd in (in_r, out_w, err):
+                os.close(fd)
+        with child:
+            try:
+                outcomes = drive(in_w, out_r, plan, timeout)
+            finally:
+                os.close(in_w)
+            status = _finish(child)
+        os.close(out_r)
+    finally:
+        client.close()
+    return Run(outcomes, status, _tail(stderr_path), trace_dir, cwd, time.monotonic() - started, uid, gids)
+
+
+def _finish(child: Any) -> int | None:
+    """Its stdin closed: the exit it makes of its own, else TERM (strace
+    detaches and writes what it holds), else KILL."""
+    for sig, wait in ((None, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        if sig is not None:
+            try:
+                child.signal(sig)
+            except (OSError, SupervisorError, TimeoutError):
+                pass
+        try:
+            return int(child.wait(wait))
+        except TimeoutError:
+            continue
+        except (OSError, SupervisorError):
+            return None
+    return None
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _STDERR_TAIL))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def trace_files(trace_dir: str) -> Iterator[tuple[str, list[str]]]:
+    """Each task's lines. Opened without following links and bounded in
+    size: the server shares the directory with strace and could plant
+    either. What it could forge there it could also have done."""
+    budget = MAX_TRACE_BYTES
+    try:
+        names = sorted(os.listdir(trace_dir))
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(os.path.join(trace_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            data = f.read(budget)
+        budget -= len(data)
+        yield name, data.decode(errors="surrogateescape").splitlines()
+        if budget <= 0:
+            return
+
+
+def accesses(r: Run) -> list[Access]:
+    """Everything the traced run did that Landlock checks, less the denials
+    the file modes alone explain (Landlock comes after DAC, and a trace
+    cannot tell the two apart: a PATH search through /root, say)."""
+    return [a for name, lines in trace_files(r.trace_dir)
+            for a in read_task(lines, r.cwd, "task " + name.rpartition(".")[2])
+            if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
+
+
+def strace_denials(r: Run) -> list[Access]:
+    """The DenialSource of a traced run: EACCES and EXDEV on checked calls."""
+    return [a for a in accesses(r) if a.denied]
+
+
+def dac_denies(a: Access, uid: int, gids: tuple[int, ...]) -> bool:
+    """The mode bits alone deny this access to uid (ACLs not read)."""
+    if uid == 0:
+        return False
+    path = a.path
+    want = {READ: 4, EXEC: 1, WRITE: 2, CREATE: 3, REMOVE: 3}.get(a.kind, 4)
+    ancestors = []
+    d = os.path.dirname(path)
+    while d != "/":
+        ancestors.append(d)
+        d = os.path.dirname(d)
+    try:
+        for d in ancestors:
+            if not _allows(os.stat(d), uid, gids, 1):
+                return True
+        return not _allows(os.stat(path), uid, gids, want)
+    except OSError:
+        return False
+
+
+def _allows(st: os.stat_result, uid: int, gids: tuple[int, ...], want: int) -> bool:
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
+    return (st.st_mode >> shift) & want == want

@@ -1,0 +1,144 @@
+"""The MCP session a learn run drives over the server's stdio: initialize, tools/list, the given calls.
+
+Newline-delimited JSON-RPC 2.0. The server's own requests (ping,
+roots/list) get a minimal answer, so the session does not stall on them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = "2024-11-05"
+CLIENT_INFO = {"name": "landlock-supervisor-learn", "version": "1"}
+INITIALIZE = {"method": "initialize", "params": {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                                                  "clientInfo": CLIENT_INFO}}
+MAX_LINE = 16 << 20
+
+
+class SessionFileError(ValueError):
+    pass
+
+
+def requests(calls: Sequence[tuple[str, str]], session_lines: Iterable[str] | None,
+             source: str = "--session") -> list[dict[str, Any]]:
+    """initialize, then tools/list and the --call tools, or the session
+    file's requests (JSON lines: {"method": ..., "params": ...}; its own
+    initialize replaces ours)."""
+    out: list[dict[str, Any]] = [dict(INITIALIZE)]
+    if session_lines is None:
+        out.append({"method": "tools/list", "params": {}})
+    else:
+        for number, line in enumerate(session_lines, 1):
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError as e:
+                raise SessionFileError(f"{source}:{number}: not JSON: {e}") from None
+            if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
+                raise SessionFileError(f"{source}:{number}: expected an object with a \"method\"")
+            request = {"method": msg["method"], "params": msg.get("params", {})}
+            if request["method"] == "initialize" and len(out) == 1:
+                out[0] = request
+            else:
+                out.append(request)
+    for tool, arguments in calls:
+        try:
+            parsed = json.loads(arguments)
+        except ValueError as e:
+            raise SessionFileError(f"--call {tool}: the arguments are not JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise SessionFileError(f"--call {tool}: the arguments must be a JSON object")
+        out.append({"method": "tools/call", "params": {"name": tool, "arguments": parsed}})
+    return out
+
+
+@dataclass
+class Outcome:
+    method: str
+    ok: bool
+    detail: str      # the error, or a short account of the result
+
+
+def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: float) -> list[Outcome]:
+    """Send each request, wait for its reply; stop at the first that gets
+    none (a timeout, the server closing its stdout)."""
+    out: list[Outcome] = []
+    reader = _Reader(stdout)
+    for number, request in enumerate(plan, 1):
+        message = {"jsonrpc": "2.0", "id": number, **request}
+        try:
+            _send(stdin, message)
+            reply = reader.reply(number, stdin, time.monotonic() + timeout)
+        except (OSError, EOFError, TimeoutError) as e:
+            out.append(Outcome(request["method"], False, str(e) or type(e).__name__))
+            return out
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {}
+            out.append(Outcome(request["method"], False, f"error {error.get('code')}: {error.get('message')}"))
+        else:
+            out.append(Outcome(request["method"], True, _summary(request, reply.get("result"))))
+        if request["method"] == "initialize" and "error" not in reply:
+            _send(stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return out
+
+
+def _summary(request: dict[str, Any], result: Any) -> str:
+    if not isinstance(result, dict):
+        return ""
+    if request["method"] == "tools/list":
+        return f"{len(result.get('tools') or [])} tools"
+    if request["method"] == "tools/call" and result.get("isError"):
+        texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c, dict)]
+        return "the tool reported an error: " + " ".join(texts)[:200]
+    return ""
+
+
+def _send(fd: int, message: dict[str, Any]) -> None:
+    data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _Reader:
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, b""
+
+    def reply(self, number: int, stdin: int, deadline: float) -> dict[str, Any]:
+        while True:
+            message = self._message(deadline)
+            if "method" in message and "id" in message:   # the server asks us something
+                answers: dict[str, dict[str, Any]] = {"ping": {}, "roots/list": {"roots": []}}
+                answer = answers.get(message["method"])
+                _send(stdin, {"jsonrpc": "2.0", "id": message["id"], **(
+                    {"result": answer} if answer is not None else
+                    {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})})
+            elif message.get("id") == number:
+                return message
+
+    def _message(self, deadline: float) -> dict[str, Any]:
+        while True:
+            line, newline, rest = self.buffer.partition(b"\n")
+            if newline:
+                self.buffer = rest
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue   # a server printing to stdout: not ours to judge here
+                if isinstance(message, dict):
+                    return message
+                continue
+            if len(self.buffer) > MAX_LINE:
+                raise EOFError("a line longer than 16 MiB")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                raise TimeoutError("no reply in time")
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise EOFError("the server closed its stdout")
+            self.buffer += chunk

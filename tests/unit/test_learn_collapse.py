@@ -1,0 +1,120 @@
+"""learn's collapse (accesses -> grants) and exclusions, as tables: no system call."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor.learn.collapse import Layout, Proposal, collapse
+from supervisor.learn.exclude import DIR, LINK, OTHER, Excluded, covering_set, refusal
+from supervisor.learn.trace import Access
+
+HOME = "/home/ann"
+LAYOUT = Layout(cwd="/srv/state", state_dir="/srv/state", area="/srv", scratch="/var/tmp/learn",
+                home=HOME, writable=("/data/out",), homes=(HOME, "/home/bob", "/root"),
+                excluded=(Excluded(f"{HOME}/.ssh", "a secret location"), Excluded("/home/bob", "another user's home"),
+                          Excluded("/etc/shadow", "a secret location")),
+                chosen=("system", "node"),
+                fragments={"system": {"read_only": ["/usr/lib"], "read_write_noexec": ["/dev/null"]},
+                           "node": {"read_only": ["/usr/bin/node"]},
+                           "dns-tls": {"read_only_noexec": ["/etc/resolv.conf", "/etc/ssl/certs"]}},
+                package_roots=("/opt/venv",), ports=())
+
+
+def grants(p: Proposal) -> set[tuple[str, str]]:
+    return {(g.cls, g.path) for g in p.grants}
+
+
+# (accesses, grants expected, refused keys, writes proposed, profiles)
+TABLE = [
+    ("the exact executable", [Access("exec", "/usr/local/bin/tool")], {("read_only", "/usr/local/bin/tool")}, set()),
+    ("covered by a chosen profile", [Access("read", "/usr/lib/x/libz.so"), Access("exec", "/usr/bin/node")],
+     set(), set()),
+    ("a node_modules tree", [Access("read", "/app/node_modules/a/index.js"),
+                             Access("read", "/app/node_modules/@s/b/package.json")],
+     {("read_only_noexec", "/app/node_modules")}, set()),
+    ("executing in node_modules makes the tree read_only", [Access("read", "/app/node_modules/a/x.js"),
+                                                             Access("exec", "/app/node_modules/.bin/a")],
+     {("read_only", "/app/node_modules")}, set()),
+    ("/etc file by file", [Access("read", "/etc/hosts"), Access("read", "/etc/host.conf")],
+     {("read_only_noexec", "/etc/hosts"), ("read_only_noexec", "/etc/host.conf")}, set()),
+    ("/proc/<pid> is /proc", [Access("read", "/proc/123/maps"), Access("read", "/proc/meminfo")],
+     {("read_only_noexec", "/proc")}, set()),
+    ("/sys four levels", [Access("read", "/sys/fs/cgroup/x/memory.max")],
+     {("read_only_noexec", "/sys/fs/cgroup/x")}, set()),
+    ("a venv", [Access("read", "/opt/venv/lib/python3.11/site-packages/m/__init__.py"),
+                Access("exec", "/opt/venv/bin/python3")], {("read_only", "/opt/venv")}, set()),
+    ("/usr/share/<pkg>", [Access("read", "/usr/share/zoneinfo/Etc/UTC")],
+     {("read_only_noexec", "/usr/share/zoneinfo")}, set()),
+    ("a tool's home directory", [Access("read", f"{HOME}/.cache/tool/a/b")],
+     {("read_only_noexec", f"{HOME}/.cache/tool")}, set()),
+    ("a file in the home: exact, never the home", [Access("read", f"{HOME}/.gitconfig")],
+     {("read_only_noexec", f"{HOME}/.gitconfig")}, set()),
+    ("a secret is refused", [Access("read", f"{HOME}/.ssh/id_ed25519")], set(), {f"read {HOME}/.ssh/id_ed25519"}),
+    ("a .env file anywhere is refused", [Access("read", "/work/p/.env")], set(), {"read /work/p/.env"}),
+    ("another user's home is refused", [Access("read", "/home/bob/notes")], set(), {"read /home/bob/notes"}),
+    ("never /", [Access("list", "/")], set(), {"list /"}),
+    ("never a whole home", [Access("list", HOME)], set(), {f"list {HOME}"}),
+    ("the state directory is covered", [Access("write", "/srv/state/db"), Access("read", "/srv/npm-cache/x")],
+     set(), set()),
+    ("running from the state directory makes it execute", [Access("exec", "/srv/state/bin/tool")],
+     {("read_write", "${STATE_DIR}")}, set()),
+    ("a --write path", [Access("create", "/data/out/sub"), Access("read", "/data/out/sub/x")],
+     {("read_write_noexec", "/data/out")}, set()),
+    ("/tmp writes", [Access("create", "/tmp")], {("read_write_noexec", "/tmp")}, set()),
+    ("learn's own files", [Access("read", "/var/tmp/learn/trace-1/t.1")], set(), set()),
+]
+
+
+@pytest.mark.parametrize("what,accesses,expected,refused", TABLE, ids=[row[0] for row in TABLE])
+def test_collapse(what: str, accesses: list[Access], expected: set[tuple[str, str]], refused: set[str]) -> None:
+    p = collapse(accesses, LAYOUT)
+    assert grants(p) == expected
+    assert set(p.refused) == refused
+    assert not p.writes
+
+
+def test_a_write_outside_what_learning_allowed_is_a_proposal_not_a_grant() -> None:
+    p = collapse([Access("write", "/etc/app.conf", denied=True, evidence="openat by x")], LAYOUT)
+    assert not p.grants and list(p.writes) == ["/etc/app.conf"]
+
+
+def test_an_optional_profile_replaces_its_paths() -> None:
+    p = collapse([Access("read", "/etc/resolv.conf"), Access("read", "/etc/ssl/certs/a.pem")], LAYOUT)
+    assert not p.grants and p.profiles == ["system", "node", "dns-tls"]
+
+
+def test_ports_and_broad_flags() -> None:
+    p = collapse([Access("connect_tcp", port=443), Access("bind_tcp", port=8080),
+                  Access("read", "/proc/self/stat")], LAYOUT)
+    assert list(p.connect_tcp) == [443] and list(p.bind_tcp) == [8080]
+    assert p.grants[0].flag.startswith("BROAD")
+
+
+def test_a_collapse_that_would_hold_a_secret_falls_back_to_the_exact_path() -> None:
+    layout = Layout(cwd="/srv/state", state_dir="/srv/state", area="/srv", scratch="/x",
+                    excluded=(Excluded("/data/keys", "a secret location"),))
+    p = collapse([Access("read", "/data/file")], layout)
+    assert grants(p) == {("read_only_noexec", "/data/file")}
+
+
+TREE = {"/": [("etc", DIR), ("home", DIR), ("usr", DIR), ("bin", LINK), ("vmlinuz", OTHER)],
+        "/home": [("ann", DIR), ("bob", DIR)],
+        "/home/ann": [(".ssh", DIR), (".cache", DIR), ("notes", OTHER)],
+        "/etc": [("shadow", OTHER), ("hosts", OTHER), ("ssl", DIR)]}
+
+
+def test_covering_set_grants_everything_but_the_excluded_paths() -> None:
+    got = covering_set(["/home/ann/.ssh", "/home/bob", "/etc/shadow"], lambda d: TREE.get(d, []))
+    assert got == ["/etc/hosts", "/etc/ssl", "/home/ann/.cache", "/home/ann/notes", "/usr", "/vmlinuz"]
+
+
+def test_covering_set_of_nothing_is_every_top_level_entry_and_of_root_nothing() -> None:
+    assert covering_set([], lambda d: TREE.get(d, [])) == ["/etc", "/home", "/usr", "/vmlinuz"]
+    assert covering_set(["/"], lambda d: TREE.get(d, [])) == []
+
+
+def test_refusal() -> None:
+    ex = [Excluded("/home/ann/.aws", "a secret location")]
+    assert refusal("/home/ann/.aws/credentials", ex) == "a secret location"
+    assert refusal("/home/ann/.awsome", ex) is None
+    assert refusal("/p/.env.local", ex) == "a .env file"
+    assert refusal("/p/env", ex) is None
