@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .exclude import Excluded, refusal, within
-from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, EXEC, LIST, WRITE_KINDS, Access
+from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
 STATE_DIR = "${STATE_DIR}"
@@ -45,6 +45,7 @@ class Layout:
     fragments: Mapping[str, Mapping[str, list[str]]] = field(default_factory=dict)   # profile -> class -> paths
     package_roots: tuple[str, ...] = ()        # virtual environments the server used
     ports: tuple[int, ...] = ()                # connect_tcp its profile gives (npx, uvx: 443)
+    write_files: tuple[str, ...] = ()          # the --write paths that are files
 
 
 @dataclass
@@ -113,17 +114,27 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
     if within(path, layout.area) or within(path, layout.scratch):
         return   # the caches its profile keeps beside the state directory, or learn's own files
     if a.kind in WRITE_KINDS:
+        if a.kind == CREATE and any(os.path.dirname(f) == path for f in layout.write_files):
+            # An O_CREAT open of a --write file that was there (a CREATE
+            # names the directory): the file's own grant covers it.
+            return
         root = next((w for w in (*layout.writable, "/tmp") if within(path, w)), None)
+        if root is not None and root not in layout.writable and _unsafe(root, layout):
+            root = path if not _unsafe(path, layout) else None   # /tmp holds a home: only where it wrote
         if root is None:
             p.writes.setdefault(path, describe(a))
         else:
             _want(wants, root, {R, W}, "given with --write" if root in layout.writable else
-                  "/tmp, where learning let it write", a)
+                  "/tmp, where learning let it write" if root == "/tmp" else "where it wrote, in /tmp", a)
         return
     if a.kind == CONNECT_UNIX:
         p.connect_unix.setdefault(path, describe(a))
         return
     rights = {R, X} if a.kind == EXEC else {R}
+    given = next((w for w in layout.writable if within(path, w)), None)
+    if given is not None:   # what it was given is granted as given, never its directory
+        _want(wants, given, rights, "given with --write", a)
+        return
     for name in (*p.profiles, *OPTIONAL_PROFILES):
         if _covers(layout.fragments.get(name, {}), path, rights):
             if name not in p.profiles:

@@ -104,7 +104,8 @@ class Learner:
         self.profiles = profiles_for(self.command)
         env = {"HOME": "${STATE_DIR}", **opts.env}
         inherit = tuple(dict.fromkeys(["PATH", *opts.inherit_env]))
-        self.draft = render.Draft(self.name, self.command, tuple(opts.command[1:]), opts.cwd, env, inherit,
+        self.draft = render.Draft(self.name, self.command, tuple(map(absolute_arg, opts.command[1:])), opts.cwd,
+                                  env, inherit,
                                   dynamic=self.root, uid=None if self.root else os.getuid())
         self.real_state_root = opts.state_root or default_state_root()
         self.scratch = tempfile.mkdtemp(prefix="landlock-learn-", dir=SCRATCH_PARENT)
@@ -122,8 +123,10 @@ class Learner:
     # -- set-up ---------------------------------------------------------------
 
     def _identity(self) -> tuple[int, tuple[int, ...]]:
-        """The uid the server runs as: the real table's dynamic uid as root
-        (copied into the scratch state root, with the server's area)."""
+        """The uid the server runs as: as root, its dynamic uid, taken in the
+        real table (where `serve` will find it: a uid taken in a copy would
+        be another server's there, and the files written while learning
+        another's), then copied into the scratch state root with its area."""
         real_area = os.path.join(self.real_state_root, "servers", self.name)
         os.makedirs(os.path.dirname(self.area), exist_ok=True)
         if os.path.isdir(real_area):
@@ -131,10 +134,8 @@ class Learner:
         os.makedirs(self.state_dir, exist_ok=True)   # else the area looks like the old layout, and is moved
         if not self.root:
             return os.getuid(), tuple(os.getgroups())
-        table = os.path.join(self.real_state_root, ids.TABLE)
-        if os.path.isfile(table):
-            shutil.copyfile(table, os.path.join(self.state_root, ids.TABLE))
-        uid = ids.Table(self.state_root).assign([self.name])[self.name]
+        uid = ids.Table(self.real_state_root).assign([self.name])[self.name]
+        shutil.copyfile(os.path.join(self.real_state_root, ids.TABLE), os.path.join(self.state_root, ids.TABLE))
         return uid, (uid,)
 
     def child_env(self) -> dict[str, str]:
@@ -159,9 +160,19 @@ class Learner:
         projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
         projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
         excluded = exclude.excluded(home, projects, {self.real_state_root, default_state_root()})
-        homes = tuple(exclude.homes(None))
+        # The invoking user's $HOME is a home too, wherever it is (passwd
+        # may not know it): never granted whole, nor a directory holding it,
+        # and its secret locations never read.
+        invoker = os.path.realpath(os.environ.get("HOME") or "/")
+        extra: tuple[str, ...] = ()
+        if invoker != "/" and os.path.isdir(invoker) and invoker != home:
+            extra = (invoker,)
+            excluded += [e for e in exclude.excluded(invoker, (), ()) if e not in excluded
+                         and exclude.within(e.path, invoker)]
+        homes = tuple(sorted({*exclude.homes(None), *extra}))
         return Layout(cwd=self.opts.cwd or self.state_dir, state_dir=self.state_dir, area=self.area,
                       scratch=self.scratch, home=home, writable=tuple(self.opts.writes),
+                      write_files=tuple(w for w in self.opts.writes if os.path.isfile(w)),
                       excluded=tuple(excluded), homes=homes, chosen=self.profiles, fragments=self.fragments(),
                       package_roots=(), ports=self._ports())
 
@@ -277,6 +288,15 @@ class Learner:
     def close(self) -> None:
         if not self.opts.keep:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def absolute_arg(arg: str) -> str:
+    """An argument naming an existing path relative to where learn runs
+    (`dist/index.js`, `.`), made absolute: the server starts in its state
+    directory, and the manifest must mean what the command line meant."""
+    if arg.startswith(("/", "-")) or not os.path.exists(arg):
+        return arg
+    return os.path.abspath(arg)
 
 
 def own_home() -> str | None:

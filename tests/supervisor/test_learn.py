@@ -50,7 +50,10 @@ def learn(lab, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def tiny(lab) -> tuple[Path, Path]:
-    server = lab.dir / "tiny.py"
+    # Not beside the state root: python lists its script's directory, and
+    # learn never grants a directory holding a supervisor's state root.
+    (lab.dir / "srv").mkdir(mode=0o755)
+    server = lab.dir / "srv" / "tiny.py"
     server.write_text(SERVER)
     out = lab.dir / "out"
     out.mkdir()
