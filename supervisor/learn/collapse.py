@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .exclude import Excluded, refusal, within
-from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, WRITE_KINDS, Access
+from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
 STATE_DIR = "${STATE_DIR}"
@@ -46,6 +46,7 @@ class Layout:
     package_roots: tuple[str, ...] = ()        # virtual environments the server used
     ports: tuple[int, ...] = ()                # connect_tcp its profile gives (npx, uvx: 443)
     write_files: tuple[str, ...] = ()          # the --write paths that are files
+    quiet: tuple[str, ...] = ()                # reads its profiles' programs do without (profiles.Fragment.quiet)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Proposal:
     connect_unix: dict[str, str]
     refused: dict[str, str]           # "read /root/.ssh/id_rsa" -> why
     writes: dict[str, str]            # a write attempted outside what learning allowed -> evidence
+    optional: dict[str, str]          # a read its profile says it does without (left out) -> evidence
     covered: dict[str, int]           # profile -> accesses it covers
 
 
@@ -86,7 +88,8 @@ def describe(a: Access) -> str:
 
 def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
     p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp={port: "its profile's network"
-                 for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, covered={})
+                 for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
+                 covered={})
     wants: dict[str, Grant] = {}
     for a in accesses:
         if a.kind in (CONNECT_TCP, BIND_TCP):
@@ -130,10 +133,14 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
     if a.kind == CONNECT_UNIX:
         p.connect_unix.setdefault(path, describe(a))
         return
+    quiet = optional(a, layout)
+    if quiet is not None:
+        p.optional.setdefault(quiet, describe(a))
+        return
     rights = {R, X} if a.kind == EXEC else {R}
     given = next((w for w in layout.writable if within(path, w)), None)
-    if given is not None:   # what it was given is granted as given, never its directory
-        _want(wants, given, rights, "given with --write", a)
+    if given is not None:   # what it was given is granted as given (writable), never its directory
+        _want(wants, given, rights | {W}, "given with --write", a)
         return
     for name in (*p.profiles, *OPTIONAL_PROFILES):
         if _covers(layout.fragments.get(name, {}), path, rights):
@@ -149,6 +156,14 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         p.refused.setdefault(f"{a.kind} {path}", unsafe)
         return
     _want(wants, target, rights, reason, a)
+
+
+def optional(a: Access, layout: Layout) -> str | None:
+    """The profile's quiet path a read falls under (node's /proc probes):
+    left out, its denial harmless (the supervisor counts it as suppressed)."""
+    if a.kind not in (READ, LIST):
+        return None
+    return next((q for q in layout.quiet if within(a.path, q)), None)
 
 
 def _want(wants: dict[str, Grant], path: str, rights: set[str], reason: str, a: Access) -> None:

@@ -143,20 +143,21 @@ class Learner:
         env.update({k: v.replace("${STATE_DIR}", self.state_dir) for k, v in self.draft.env.items()})
         return env
 
-    def fragments(self) -> dict[str, dict[str, list[str]]]:
-        """What each profile would grant this server (during the runs)."""
+    def fragments(self) -> dict[str, profiles.Fragment]:
+        """What each profile would give this server (during the runs)."""
         ctx = profiles.Context(env=self.child_env(), state_dir=self.state_dir, command=self.command,
                                area=self.area, given=frozenset(self.draft.env) | set(self.draft.inherit_env))
         out = {}
         for name, fn in profiles.PROFILES.items():
             try:
-                out[name] = {cls: list(paths) for cls, paths in fn(ctx).paths.items()}
+                out[name] = fn(ctx)
             except ValueError:
                 continue
         return out
 
     def layout(self) -> Layout:
         home = own_home()
+        fragments = self.fragments()
         projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
         projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
         excluded = exclude.excluded(home, projects, {self.real_state_root, default_state_root()})
@@ -173,7 +174,10 @@ class Learner:
         return Layout(cwd=self.opts.cwd or self.state_dir, state_dir=self.state_dir, area=self.area,
                       scratch=self.scratch, home=home, writable=tuple(self.opts.writes),
                       write_files=tuple(w for w in self.opts.writes if os.path.isfile(w)),
-                      excluded=tuple(excluded), homes=homes, chosen=self.profiles, fragments=self.fragments(),
+                      excluded=tuple(excluded), homes=homes, chosen=self.profiles,
+                      fragments={name: {cls: list(paths) for cls, paths in f.paths.items()}
+                                 for name, f in fragments.items()},
+                      quiet=tuple(q for name in self.profiles if name in fragments for q in fragments[name].quiet),
                       package_roots=(), ports=self._ports())
 
     def _ports(self) -> tuple[int, ...]:
@@ -223,12 +227,14 @@ class Learner:
         lines = render.top(self.draft, STRACE, strace_argv(os.path.join(trace, "t"),
                                                            [self.command, *self.draft.args])[1:])
         lines += render.sandbox(proposal, extra)
+        lines.append("  log: [new_exec_on]   # each denial, where the supervisor reads audit records")
         return "\n".join(lines) + "\n"
 
     def observed(self, run: runner.Run, only_denied: bool, round_number: int) -> list[Access]:
         """A run's accesses (or its denials), resolved to the files Landlock
         sees, with the files the kernel executed for each exec."""
-        found = runner.strace_denials(run) if only_denied else runner.accesses(run)
+        found = (list(dict.fromkeys(runner.strace_denials(run) + runner.audit_denials(run))) if only_denied
+                 else runner.accesses(run))
         env = self.child_env()
         resolved: dict[str, str] = {}
 
@@ -266,7 +272,9 @@ class Learner:
             self._current_trace = self.trace_dir(number)
             run = self._run(number, self.traced_variant(proposal, self._current_trace, layout))
             denials = self.observed(run, True, number)
-            self.rounds.append(("validation run", run, len(denials)))
+            # (The reads left out as optional are denied, harmlessly: not counted.)
+            self.rounds.append(("validation run", run,
+                                sum(collapsing.optional(d, layout) is None for d in denials)))
             before = render.sandbox(proposal)
             self.accesses += denials
             proposal = collapsing.collapse(self.accesses, layout)

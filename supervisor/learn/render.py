@@ -94,6 +94,10 @@ def not_granted(p: Proposal) -> list[str]:
         out.append("# Writes it attempted outside what learning let it write (not granted;")
         out.append("# learn again with --write PATH to allow one):")
         out += [f"#   {path}: {why}" for path, why in sorted(p.writes.items())]
+    if p.optional:
+        out.append("# Left out: reads its profiles' programs do without (denied, they are harmless, and")
+        out.append("# counted as suppressed where denials are seen):")
+        out += [f"#   {path}: {why}" for path, why in sorted(p.optional.items())]
     if p.refused:
         out.append("# Refused (never proposed):")
         out += [f"#   {what}: {why}" for what, why in sorted(p.refused.items())]

@@ -3,7 +3,10 @@
 The same code path as `run --manifests`: the server gets the argv,
 environment, cwd, uid and state directory the supervisor will give it.
 What a run saw comes from its strace files; what it was denied comes from a
-`DenialSource` (strace's EACCES today; audit records can be one too).
+`DenialSource`: strace's EACCES, and where the supervisor reads them the
+kernel's own audit records (the validation manifests ask for every denial
+with `log: [new_exec_on]`, which under the default `count` mode is detail
+for that manifest alone: no host setting is changed).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any
 from ..client import SupervisorError
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
-from .trace import CREATE, EXEC, READ, REMOVE, WRITE, Access, read_task
+from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, WRITE, Access, read_task
 
 MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
 _STDERR_TAIL = 2000
@@ -42,6 +45,7 @@ class Run:
     seconds: float
     uid: int
     gids: tuple[int, ...] = field(default=())
+    denied: list[dict[str, Any]] = field(default_factory=list)   # the supervisor's `denied` events
 
     @property
     def answered(self) -> bool:
@@ -88,7 +92,8 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
         os.close(out_r)
     finally:
         client.close()
-    return Run(outcomes, status, _tail(stderr_path), trace_dir, cwd, time.monotonic() - started, uid, gids)
+    return Run(outcomes, status, _tail(stderr_path), trace_dir, cwd, time.monotonic() - started, uid, gids,
+               list(child.denied))
 
 
 def _finish(child: Any) -> int | None:
@@ -154,6 +159,34 @@ def accesses(r: Run) -> list[Access]:
 def strace_denials(r: Run) -> list[Access]:
     """The DenialSource of a traced run: EACCES and EXDEV on checked calls."""
     return [a for a in accesses(r) if a.denied]
+
+
+# A denied right -> the access it stands for (a record names the directory
+# for the make_* and remove_* rights, as a CREATE or REMOVE does).
+_KIND_OF_RIGHT = {"fs.execute": EXEC, "fs.read_file": READ, "fs.read_dir": LIST, "fs.write_file": WRITE,
+                  "fs.truncate": WRITE, "fs.remove_dir": REMOVE, "fs.remove_file": REMOVE}
+
+
+def audit_denials(r: Run) -> list[Access]:
+    """The DenialSource of the kernel's own word: the `denied` events the
+    supervisor read from the audit log while this run was confined
+    (where it reads them). It sees what a trace cannot: the kernel's
+    execute checks inside execve, io_uring."""
+    out = []
+    for event in r.denied:
+        rights, obj = event.get("rights") or [], str(event.get("object") or "")
+        process = event.get("process") or {}
+        evidence = f"denied to {process.get('comm') or 'the server'}, audit"
+        if event.get("kind") == "tcp":
+            port = int(obj.rpartition(":")[2]) if obj.rpartition(":")[2].isdigit() else 0
+            kind = CONNECT_TCP if "net.connect_tcp" in rights else BIND_TCP
+            out.append(Access(kind, port=port, denied=True, evidence=evidence))
+            continue
+        if event.get("kind") != "path":
+            continue
+        kinds = {_KIND_OF_RIGHT.get(right, CREATE if right.startswith("fs.make_") else "") for right in rights}
+        out += [Access(kind, obj, denied=True, evidence=evidence) for kind in sorted(kinds - {""})]
+    return out
 
 
 def dac_denies(a: Access, uid: int, gids: tuple[int, ...]) -> bool:

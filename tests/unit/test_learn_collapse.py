@@ -59,6 +59,8 @@ TABLE = [
      {("read_write", "${STATE_DIR}")}, set()),
     ("a --write path", [Access("create", "/data/out/sub"), Access("read", "/data/out/sub/x")],
      {("read_write_noexec", "/data/out")}, set()),
+    ("a --write path only read is still granted as given", [Access("read", "/data/out/x")],
+     {("read_write_noexec", "/data/out")}, set()),
     ("/tmp writes", [Access("create", "/tmp")], {("read_write_noexec", "/tmp")}, set()),
     ("learn's own files", [Access("read", "/var/tmp/learn/trace-1/t.1")], set(), set()),
 ]
@@ -118,3 +120,21 @@ def test_refusal() -> None:
     assert refusal("/home/ann/.awsome", ex) is None
     assert refusal("/p/.env.local", ex) == "a .env file"
     assert refusal("/p/env", ex) is None
+
+
+def test_reads_its_profile_does_without_are_left_out() -> None:
+    from dataclasses import replace
+    layout = replace(LAYOUT, quiet=("/proc", "/sys/fs/cgroup"))
+    p = collapse([Access("read", "/proc/12/cgroup"), Access("read", "/sys/fs/cgroup/memory/x"),
+                  Access("read", "/sys/devices/system/cpu/online")], layout)
+    assert set(p.optional) == {"/proc", "/sys/fs/cgroup"}
+    assert grants(p) == {("read_only_noexec", "/sys/devices/system/cpu")}
+
+
+def test_a_home_under_tmp_keeps_tmp_writes_exact_and_a_write_file_needs_no_create() -> None:
+    from dataclasses import replace
+    layout = replace(LAYOUT, homes=(*LAYOUT.homes, "/tmp/h"), writable=("/tmp/h/kg/m.jsonl",),
+                     write_files=("/tmp/h/kg/m.jsonl",))
+    p = collapse([Access("create", "/tmp/h/kg"), Access("write", "/tmp/h/kg/m.jsonl"),
+                  Access("create", "/tmp/other")], layout)
+    assert grants(p) == {("read_write_noexec", "/tmp/h/kg/m.jsonl"), ("read_write_noexec", "/tmp/other")}

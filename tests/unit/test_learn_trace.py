@@ -81,3 +81,21 @@ def test_unescape() -> None:
 def test_the_command_line_never_uses_seccomp() -> None:
     argv = trace.strace_argv("/t/t", ["/usr/bin/node", "x.js"])
     assert "--seccomp-bpf" not in argv and argv[-3:] == ["--", "/usr/bin/node", "x.js"]
+
+
+def test_the_supervisors_denied_events_are_denials_too() -> None:
+    from supervisor.learn import runner
+    from supervisor.learn.trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ
+    events = [
+        {"event": "denied", "rights": ["fs.execute", "fs.read_file"], "kind": "path", "object": "/usr/bin/env",
+         "process": {"pid": 3, "comm": "npx"}},
+        {"event": "denied", "rights": ["fs.read_dir"], "kind": "path", "object": "/etc", "process": None},
+        {"event": "denied", "rights": ["fs.make_reg"], "kind": "path", "object": "/var/tmp", "process": None},
+        {"event": "denied", "rights": ["net.connect_tcp"], "kind": "tcp", "object": "127.0.0.1:443"},
+        {"event": "denied", "rights": ["net.bind_tcp"], "kind": "tcp", "object": "0.0.0.0:8080"},
+        {"event": "denied", "rights": ["scope.signal"], "kind": "process", "object": "pid 1 (init)"},
+    ]
+    run = runner.Run([], 0, "", "/nonexistent", "/", 0.0, 0, (), events)
+    got = [(a.kind, a.path, a.port, a.denied) for a in runner.audit_denials(run)]
+    assert got == [(EXEC, "/usr/bin/env", 0, True), (READ, "/usr/bin/env", 0, True), (LIST, "/etc", 0, True),
+                   (CREATE, "/var/tmp", 0, True), (CONNECT_TCP, "", 443, True), (BIND_TCP, "", 8080, True)]
