@@ -126,3 +126,22 @@ def test_usage_errors_say_why_in_one_line(lab, args: list[str], message: str) ->
 def test_a_server_that_never_answers_fails_with_its_stderr(lab) -> None:
     result = learn(lab, "--timeout", "2", "--", "/usr/bin/python3", "-c", "import sys; print('boom', file=sys.stderr)")
     assert result.returncode == 1 and "did not answer initialize" in result.stderr and "boom" in result.stderr
+
+
+def test_a_plain_user_learns_as_itself_never_as_root(lab, tiny) -> None:
+    server, out = tiny
+    uid = 64150
+    home = lab.dir / "userhome"
+    home.mkdir()
+    os.chown(home, uid, uid)
+    os.chown(lab.dir, uid, uid)   # its state root and manifest go here
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor", "learn", "--state-root", str(lab.dir / "ustate"), "--name", "tiny",
+         "--out", str(lab.dir / "u.yaml"), "--write", str(out), *save(out / "u.txt"), "--", "/usr/bin/python3",
+         str(server)],
+        capture_output=True, text=True, timeout=50, cwd=lab.dir, env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
+        user=uid, group=uid, extra_groups=[])
+    assert result.returncode == 0, result.stderr
+    text = (lab.dir / "u.yaml").read_text()
+    assert "user: dynamic" not in text and f"uid {uid}" in text
+    assert (out / "u.txt").stat().st_uid == uid   # the learning run wrote it as that user, not as root
