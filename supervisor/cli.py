@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
-import signal
 import sys
-from typing import Any
+
+# The rest is imported where used: a private supervisor is spawned right
+# after the arguments are parsed, and `run` imports its client beside it.
+TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from .client import Child, Client
+    from .private_boot import Booting
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
@@ -87,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _learn_parser(sub: Any) -> None:
+def _learn_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     learn = sub.add_parser("learn", help="learn a server's manifest from confined, traced runs of an MCP session",
                            description="Runs COMMAND under strace, confined by a learning policy, as the uid "
                                        "the supervisor will give it, drives an MCP session, and writes a "
@@ -133,11 +137,25 @@ def main(argv: list[str] | None = None) -> int:
         return denials_main(args)
     if args.command == "learn":
         return _learn(args)
+    if args.command == "run":
+        if args.manifests and args.socket:
+            return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
+        wakeup = _catch_signals()
+        private = None
+        if args.manifests:
+            from .private_boot import launch
+            try:
+                private = launch(args.manifests, state_root=args.state_root, only=args.name,
+                                 extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
+            except OSError as e:
+                return _fail(1, f"cannot start a private supervisor: {e}")
+    import json
+
     from . import client as clients
     from .paths import NoDefaultSocket
     try:
         if args.command == "run":
-            return _run(args)
+            return _run(args, wakeup, private)
         reply = getattr(clients.Client(args.socket), args.command)()
     except NoDefaultSocket as e:
         return _fail(EXIT_USAGE, str(e))
@@ -250,15 +268,27 @@ def _serve(args: argparse.Namespace) -> int:
     return supervisor.serve()
 
 
-def _client_for(args: argparse.Namespace) -> Any:
+def _catch_signals() -> int:
+    """`run`'s INT, TERM and HUP, caught from the start: one that comes while
+    the spawn is under way (the child may already run) is forwarded once it
+    is, not fatal to us. Returns the wakeup fd's read end (a byte a signal)."""
+    import signal
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(w)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    return r
+
+
+def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
     """--manifests: exactly those, in a private supervisor (never a running
     daemon's manifest of the same name, whose policy may differ; no socket
-    involved, so a stale one cannot block it). Otherwise the daemon."""
+    involved, so a stale one cannot block it), spawned already. Otherwise
+    the daemon."""
     from . import client as clients
-    if args.manifests:
-        from .private import start
-        return start(args.manifests, state_root=args.state_root, only=args.name,
-                     extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
+    if private is not None:
+        from .private import connect
+        return connect(private)
     return clients.Client(args.socket)
 
 
@@ -387,7 +417,7 @@ def _cwd_for(args: list[str]) -> str | None:
         return None
 
 
-def _tell_denied(name: str, child: Any) -> None:
+def _tell_denied(name: str, child: Child) -> None:
     """Each distinct denial, one line on our stderr: where MCP clients show a server's log."""
     if child.denied:
         from . import denied
@@ -395,36 +425,29 @@ def _tell_denied(name: str, child: Any) -> None:
             print(f"{denied.PREFIX}{name}: {denied.line(child.denied.popleft())}", file=sys.stderr, flush=True)
 
 
-def _tell_denials_summary(name: str, child: Any, status: int) -> None:
+def _tell_denials_summary(name: str, child: Child, status: int) -> None:
     """What was denied in all; for a server that failed on its own where
     denials are not seen, why not and what to do."""
     from . import denied
-    text = denied.summary(name, child.exited.get("denials") or {}, child.denials)
-    failed = child.exited.get("reason") == "exited" and status != 0
+    exited = child.exited or {}
+    text = denied.summary(name, exited.get("denials") or {}, child.denials)
+    failed = exited.get("reason") == "exited" and status != 0
     if text is None and failed and child.denials.get("mode") == "off" and child.denials.get("reason"):
         text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
     if text is not None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
 
 
-def _run(args: argparse.Namespace) -> int:
-    """Spawn with our own stdio, forward INT/TERM/HUP, exit as the child did."""
+def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
+    """Spawn with our own stdio, forward INT/TERM/HUP (r: their wakeup fd),
+    exit as the child did."""
     from . import client as clients
     from .errors import USAGE_CODES
+    from .private import PrivateStartFailed
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
-    # Caught from the start: a signal that comes while the spawn is under way
-    # (the child may already run) is forwarded once it is, not fatal to us.
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(w)
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    for sig in forwarded:
-        signal.signal(sig, lambda *_: None)
-    from .private import PrivateStartFailed
-    if args.manifests and args.socket:
-        return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
     try:
-        client = _client_for(args)
+        client = _client_for(args, private)
     except PrivateStartFailed as e:
         if e.status == EXIT_USAGE:
             return EXIT_USAGE  # it said why, in one line (a manifest error, say)

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from . import protocol
 from .client import Client
-
-_CONTROL_FD = 3
+from .private_boot import Booting, launch
 
 
 class PrivateStartFailed(RuntimeError):
@@ -60,50 +59,20 @@ class PrivateClient(Client):
         self.close()
 
 
-def _inheritable_fds() -> list[int]:
-    """This process's fds above 2 that an exec would pass on (not fd 3: the
-    control socket is put there)."""
-    out = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if fd > 2 and fd != _CONTROL_FD and os.get_inheritable(fd):
-                out.append(fd)
-        except OSError:
-            pass  # the listing's own fd, closed by now
-    return out
-
-
-def start(manifests: Sequence[str] | str, *, state_root: str | None = None, only: str | None = None,
-          python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
-    """Start a private supervisor for these manifests (only: the one of that
-    name, the others read for their name alone); call early in main()."""
-    paths = [manifests] if isinstance(manifests, (str, os.PathLike)) else list(manifests)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    argv = [python, "-m", "supervisor", "serve", "--control-fd", str(_CONTROL_FD)]
-    for p in paths:
-        argv += ["--manifests", os.fspath(p)]
-    if state_root:
-        argv += ["--state-root", state_root]
-    if only:
-        argv += ["--only", only]
-    argv += list(extra_args)
-    # Its stdin and stdout are the proxy's protocol channel: keep off them.
-    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        # posix_spawn closes no fd: the proxy's inheritable ones (a pipe to
-        # another child, say) would stay open in the server for its life.
-        pid = os.posix_spawn(python, argv, dict(os.environ), file_actions=[
-            (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
-            (os.POSIX_SPAWN_DUP2, theirs.fileno(), _CONTROL_FD),
-            *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds())])
-    finally:
-        os.close(devnull)
-        theirs.close()
-    client = PrivateClient(ours, pid)
+def connect(booting: Booting) -> PrivateClient:
+    """The client of a private supervisor spawned by private_boot.launch,
+    once it answers."""
+    client = PrivateClient(booting.control, booting.pid)
     try:
         client.ping()
     except (OSError, TimeoutError) as e:
         status = client.close()
         raise PrivateStartFailed(f"the private supervisor did not start ({e}): see above", status) from None
     return client
+
+
+def start(manifests: Sequence[str] | str, *, state_root: str | None = None, only: str | None = None,
+          python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
+    """Start a private supervisor for these manifests (only: the one of that
+    name, the others read for their name alone); call early in main()."""
+    return connect(launch(manifests, state_root=state_root, only=only, python=python, extra_args=extra_args))
