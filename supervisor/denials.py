@@ -10,8 +10,6 @@ one whose process session holds it.
 from __future__ import annotations
 
 import collections
-import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from typing import Any
 
 from landlock import audit
 
-from . import procfs
+from . import procfs, secrets
 
 # A session's distinct denials kept (each counted after its first), and the
 # events it gets a second beyond a burst: a server polling a forbidden file
@@ -33,15 +31,6 @@ UNKNOWN_WAIT, UNKNOWN_MAX = 2.0, 1024
 # a fork can come after the child's canary), or pooled children waiting.
 PENDING_MAX = 4096
 RECENT_MAX = 1000
-
-# Where a grant is never proposed: whole homes, and what holds credentials.
-SECRET_NAMES = frozenset({".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".netrc", ".git-credentials",
-                          ".pgpass", ".npmrc", ".pypirc", ".password-store", ".vault-token"})
-SECRET_SUBPATHS = (".config/gh", ".config/gcloud", ".local/share/keyrings", ".mozilla", ".config/google-chrome",
-                   ".config/chromium")
-SECRET_FILES = frozenset({"/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/etc/ssl/private"})
-_ENV_FILE = re.compile(r"(^|/)\.env(\.[^/]*)?$")
-
 
 def home_dirs() -> frozenset[str]:
     """The homes of the host's users, as /etc/passwd has them (and /root)."""
@@ -57,14 +46,8 @@ def refusal(path: str, homes: frozenset[str]) -> str | None:
         return "the whole filesystem"
     if path in homes or path in ("/home", "/root"):
         return "a whole home directory"
-    if path in SECRET_FILES or any(path.startswith(s + "/") for s in SECRET_FILES) or _ENV_FILE.search(path):
+    if secrets.secret(path, homes):
         return "a location holding secrets"
-    for home in homes:
-        if path.startswith(home + "/"):
-            rest = path[len(home) + 1:]
-            if rest.split("/", 1)[0] in SECRET_NAMES or any(rest == s or rest.startswith(s + "/")
-                                                            for s in SECRET_SUBPATHS):
-                return "a location holding secrets"
     return None
 
 

@@ -14,7 +14,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .exclude import Excluded, refusal, within
+from ..secrets import within
+from .exclude import Excluded, refusal
 from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"

@@ -12,30 +12,12 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-# Under a home directory: credentials, tokens, keys, shell histories.
-HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".config/gh", ".config/hub", ".netrc", ".git-credentials",
-                ".docker", ".kube", ".password-store", ".local/share/keyrings", ".pki", ".config/gcloud",
-                ".azure", ".npmrc", ".pypirc", ".vault-token", ".terraform.d", ".cargo/credentials",
-                ".cargo/credentials.toml", ".config/op", ".mozilla", ".config/google-chrome",
-                ".config/chromium", ".bash_history", ".zsh_history", ".python_history", ".node_repl_history",
-                ".psql_history", ".mysql_history", ".lesshst", ".viminfo")
-SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
-                  "/etc/sudoers.d", "/etc/ssl/private", "/etc/security/opasswd", "/etc/krb5.keytab",
-                  "/etc/credstore", "/etc/credstore.encrypted", "/run/credentials", "/etc/wireguard",
-                  "/etc/NetworkManager/system-connections", "/var/lib/sss", "/var/backups",
-                  "/var/lib/landlock-supervisor")
-SSH_HOST_KEYS = "/etc/ssh"   # its ssh_host_*_key files; ssh_config stays readable
-
+from ..secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
 
 @dataclass(frozen=True)
 class Excluded:
     path: str
     why: str
-
-
-def is_env_file(name: str) -> bool:
-    """`.env`, `.env.local`, `.env.production`: where projects keep their secrets."""
-    return name == ".env" or name.startswith(".env.")
 
 
 def homes(own: str | None) -> list[str]:
@@ -76,10 +58,6 @@ def excluded(own_home: str | None, project_dirs: Iterable[str], state_roots: Ite
             seen.add(path)
             kept.append(Excluded(path, e.why))
     return kept
-
-
-def within(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def refusal(path: str, excluded: Iterable[Excluded]) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import ids, profiles
+from .. import ids, profiles, secrets
 from ..paths import default_state_root
 from . import collapse as collapsing
 from . import exclude, execs, render, runner
@@ -169,7 +169,7 @@ class Learner:
         if invoker != "/" and os.path.isdir(invoker) and invoker != home:
             extra = (invoker,)
             excluded += [e for e in exclude.excluded(invoker, (), ()) if e not in excluded
-                         and exclude.within(e.path, invoker)]
+                         and secrets.within(e.path, invoker)]
         homes = tuple(sorted({*exclude.homes(None), *extra}))
         return Layout(cwd=self.opts.cwd or self.state_dir, state_dir=self.state_dir, area=self.area,
                       scratch=self.scratch, home=home, writable=tuple(self.opts.writes),
