@@ -88,16 +88,21 @@ def _program(name: str, env: Mapping[str, str]) -> str | None:
     return os.path.realpath(found) if found else None
 
 
-def _interpreters(program: str, env: Mapping[str, str]) -> list[str]:
-    """A script's shebang target, and for `env NAME` the NAME it finds."""
+def shebang(path: str) -> list[str]:
+    """The words of a `#!` line, or []."""
     try:
-        with open(program, "rb") as f:
+        with open(path, "rb") as f:
             line = f.readline(256)
     except OSError:
         return []
     if not line.startswith(b"#!"):
         return []
-    words = line[2:].decode(errors="replace").split()
+    return line[2:].decode(errors="surrogateescape").split()
+
+
+def _interpreters(program: str, env: Mapping[str, str]) -> list[str]:
+    """A script's shebang target, and for `env NAME` the NAME it finds."""
+    words = shebang(program)
     if not words:
         return []
     out = _real(words[0])

@@ -10,6 +10,8 @@ import shutil
 import struct
 from collections.abc import Mapping
 
+from ..profiles import shebang
+
 _PT_INTERP = 3
 _MAX_DEPTH = 4      # the kernel's own limit on #! nesting (BINPRM_MAX_RECURSION)
 
@@ -40,18 +42,6 @@ def elf_interpreter(path: str) -> str | None:
     except (OSError, struct.error):
         return None
     return None
-
-
-def shebang(path: str) -> list[str]:
-    """The words of a `#!` line, or []."""
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(256)
-    except OSError:
-        return []
-    if not line.startswith(b"#!"):
-        return []
-    return line[2:].decode(errors="surrogateescape").split()
 
 
 def chain(program: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
