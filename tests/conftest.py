@@ -7,6 +7,7 @@ import pytest
 from landlock import abi_version
 
 _skipped_enforcement: list[str] = []
+_audit_ran: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -23,6 +24,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and "enforcement" in report.keywords:
         _skipped_enforcement.append(report.nodeid)
+    if report.when == "call" and not report.skipped and "audit" in report.keywords:
+        _audit_ran.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _audit_ran:
+        terminalreporter.write_line(
+            f"audit: {len(_audit_ran)} test(s) switched the host's audit on; every setting was put back, but the "
+            "kernel keeps audit 'ever enabled' until reboot: every process forked since pays for a system-call "
+            "audit context (slower system calls)")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -34,10 +34,9 @@ def host_audit() -> Iterator[audit.Status]:
     try:
         yield before
     finally:
-        audit.set_status(enabled=before.enabled if before.enabled != 2 else 1,
-                         backlog_limit=before.backlog_limit, rate_limit=before.rate_limit)
-        print("\naudit: settings put back; the kernel keeps audit 'ever enabled' (slower system calls) "
-              "until reboot", file=sys.stderr)
+        if before.enabled != 2:   # locked: nothing could have changed it
+            audit.set_status(enabled=before.enabled, backlog_limit=before.backlog_limit,
+                             rate_limit=before.rate_limit)
 
 
 FLOOD = "import os\nfor _ in range({n}):\n    try:\n        os.close(os.open('/etc/hostname', 0))\n" \
