@@ -11,7 +11,6 @@ import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import landlock
@@ -74,12 +73,18 @@ class Manifest:
 DynamicUid = Callable[[str], int]
 
 
+def stem(path: str) -> str:
+    """A file's name without its extension (pathlib's Path.stem: pathlib
+    itself costs a private supervisor 2.5 ms of imports)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def name_of(path: str) -> str:
     """A manifest's name, read without expanding anything (no ${VAR} needs
     to be set): what a private supervisor for one server looks for."""
     data = read(path)
     name = data.get("name") if isinstance(data, dict) else None
-    return name if isinstance(name, str) else Path(path).stem
+    return name if isinstance(name, str) else stem(path)
 
 
 def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
@@ -127,7 +132,7 @@ class _Loader:
                         runs_as_root=self.as_root and (allow_root or (creds is not None and creds.uid == 0)))
 
     def _name(self) -> str:
-        name = self.top.get("name", str, Path(self.source).stem)
+        name = self.top.get("name", str, stem(self.source))
         if not _NAME.match(name):
             self.top.fail("name", f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; at most 64)")
         return name
@@ -321,14 +326,14 @@ def load_all(paths: Iterable[str | os.PathLike[str]], *, only: str | None = None
     server, started from an MCP client's stripped environment): the other
     files are read for their name only, and one that cannot be is a warning."""
     files: list[str] = []
-    for path in paths:
-        p = Path(path)
-        if p.is_dir():
-            files += sorted(str(f) for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file())
-        elif p.exists():
-            files.append(str(p))
+    for path in (os.fspath(p) for p in paths):
+        if os.path.isdir(path):
+            files += sorted(os.path.join(path, f) for f in os.listdir(path)
+                            if os.path.splitext(f)[1] in (".yaml", ".yml") and os.path.isfile(os.path.join(path, f)))
+        elif os.path.exists(path):
+            files.append(path)
         else:
-            raise ManifestError(f"{p}: no such file or directory")
+            raise ManifestError(f"{path}: no such file or directory")
     if only is not None:
         wanted = []
         for f in files:
