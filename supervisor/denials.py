@@ -32,6 +32,7 @@ UNKNOWN_WAIT, UNKNOWN_MAX = 2.0, 1024
 PENDING_MAX = 4096
 RECENT_MAX = 1000
 
+
 def home_dirs() -> frozenset[str]:
     """The homes of the host's users, as /etc/passwd has them (and /root)."""
     import pwd
@@ -111,7 +112,8 @@ class Tally:
         return {"received": self.received, "shown": self.shown, "suppressed": self.suppressed,
                 "hidden": self.hidden, "kernel": self.kernel}
 
-    def _allowed(self) -> bool:
+    def spend(self) -> bool:
+        """A token of the rate limit, if one is left."""
         now = time.monotonic()
         self.tokens = min(BURST, self.tokens + (now - self.refilled) * RATE)
         self.refilled = now
@@ -231,7 +233,7 @@ class Denials:
         if kind == "path" and any(obj == q or obj.startswith(q.rstrip("/") + "/") for q in tally.quiet):
             tally.suppressed += 1
             return
-        if len(tally.seen) >= DISTINCT_MAX or not tally._allowed():
+        if len(tally.seen) >= DISTINCT_MAX or not tally.spend():
             tally.hidden += 1
             return
         tally.seen[key] = 1
