@@ -193,13 +193,15 @@ def _learn(args: argparse.Namespace) -> int:
             return _fail(EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why or 'a home directory'})")
         writes.append(real)
     cwd = os.path.realpath(args.cwd) if args.cwd else None
+    # Absolute, as --write and --cwd: learning excludes it, walking up from it to /.
+    state_root = os.path.realpath(args.state_root) if args.state_root else None
     if cwd is not None and not os.path.isdir(cwd):
         return _fail(EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
     session_text = ", ".join(r["method"] + (f" {r['params'].get('name')}" if r["method"] == "tools/call" else "")
                              for r in plan)
     opts = learner.Options(command=command, name=args.name, out=args.out,
                            session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
-                           inherit_env=args.inherit_env, state_root=args.state_root, rounds=args.rounds,
+                           inherit_env=args.inherit_env, state_root=state_root, rounds=args.rounds,
                            timeout=args.timeout, keep=args.keep)
     return learner.main(opts)
 

@@ -97,6 +97,9 @@ def covering_set(excluded: Iterable[str], listing: Listing = list_dir) -> list[s
     siblings of each excluded path and of each of its ancestors. Symlinks
     are left out: what they name is covered (or excluded) on its own."""
     excluded = {os.path.normpath(p) for p in excluded}
+    relative = sorted(p for p in excluded if not p.startswith("/"))
+    if relative:   # its ancestors never reach /
+        raise ValueError(f"excluded paths must be absolute: {', '.join(relative)}")
     if "/" in excluded:
         return []
     ancestors = {a for p in excluded for a in _ancestors(p)}

@@ -106,6 +106,12 @@ def servers_problem() -> str | None:
     return None
 
 
+def servers_env() -> dict[str, str]:
+    """scripts/install-servers' servers.env: the versions it installed (FS_VER=...)."""
+    lines = (SERVERS / "servers.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
 # ---- offline caches ----------------------------------------------------------
 
 def npx_dir_for(package: str) -> Path:
@@ -116,10 +122,11 @@ def npx_dir_for(package: str) -> Path:
     raise AssertionError(f"{SERVERS}/npm-cache/_npx has no install of {package}: run scripts/install-servers")
 
 
-def seed_caches(state_root: Path) -> None:
-    """Give each npx/uvx server a copy of the installer's caches, where its
-    profile puts them: <state_root>/servers/<name>/{npm-cache,uv-cache}
-    (root's: the supervisor hands them to the server's dynamic uid).
+def seed_caches(state_root: Path, npx: Mapping[str, str] = NPX_PACKAGES, uvx: Sequence[str] = UVX) -> None:
+    """Give each npx server (name -> its package) and uvx server a copy of
+    the installer's caches, where its profile puts them:
+    <state_root>/servers/<name>/{npm-cache,uv-cache} (root's: the
+    supervisor hands them to the server's dynamic uid).
 
     npx offline needs `_cacache` (the packument of the spec is read even when
     `_npx/<hash>` already holds the package: without it ENOTCACHED) and that
@@ -129,12 +136,12 @@ def seed_caches(state_root: Path) -> None:
     (the supervisor creates it empty). Copies, never links: each server
     writes its own cache, and must not reach the installer's."""
     jobs = []
-    for name, package in NPX_PACKAGES.items():
+    for name, package in npx.items():
         cache = state_root / "servers" / name / "npm-cache"
         (cache / "_npx").mkdir(parents=True)
         jobs.append(["cp", "-a", str(SERVERS / "npm-cache" / "_cacache"), str(cache)])
         jobs.append(["cp", "-a", str(npx_dir_for(package)), str(cache / "_npx")])
-    for name in UVX:
+    for name in uvx:
         server = state_root / "servers" / name
         server.mkdir(parents=True)
         jobs.append(["cp", "-a", str(SERVERS / "uv-cache"), str(server / "uv-cache")])

@@ -1,12 +1,21 @@
 """`landlock-supervisor learn` on four real MCP servers that have no manifest
-in examples/ (issue 13, "the proof"), then the learned manifests in use.
+in examples/ (issue 13, "the proof"), and on two launched as MCP client
+configs usually do, by npx and uvx; then the learned manifests in use.
 
 The servers (scripts/install-servers; examples/servers.md): two node, two
 Python; two of them write a file they are given, one in a directory of its
 own (sqlite, which creates its journal beside the database), one a single
 file (the knowledge graph). Each is learnt once, as a user would do it: a
 real tool call, `--write` for what it writes, a HOME of the test's own whose
-`.ssh/id_test` anyone may read (only Landlock can deny it). Then, per server:
+`.ssh/id_test` anyone may read (only Landlock can deny it).
+
+`npx -y PACKAGE@VERSION` and `uvx PACKAGE==VERSION` start offline, from the
+installer's caches copied into their areas of the state root (seed_caches:
+where their profiles put the caches, and learn copies the area for its
+runs). Offline is what a user would ask for: npx by npm_config_offline in
+the user's environment, passed on with `--inherit-env` (the client config
+gives it to `run` too); uvx by `--env UV_OFFLINE=1` in the manifest. Then,
+per server:
 
 - learn exits 0 and its manifest loads (`check`, and supervisor.manifest);
 - the official Python SDK (.clients; tests/e2e/clients/driver.py) starts
@@ -15,10 +24,12 @@ real tool call, `--write` for what it writes, a HOME of the test's own whose
 - the secret stays denied: a process confined by the learned Spec (as the
   manifest's own uid) gets EACCES; sqlite, asked to ATTACH it, cannot open it;
 - the manifest grants nothing under HOME but the --write path, and neither
-  HOME nor a directory holding it.
+  HOME nor a directory holding it;
+- it names no path of learn's scratch directory nor of the state root; the
+  npx and uvx ones keep their caches where their profiles put them.
 
-The four learn runs go in parallel, and one driver process runs the four
-sessions (the SDK's import is its cost): a module fixture each.
+The learn runs go in parallel, and one driver process runs the sessions
+(the SDK's import is its cost): a module fixture each.
 """
 from __future__ import annotations
 
@@ -38,13 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import landlock
 from supervisor import manifest as manifests
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))  # clienthelpers, any import mode
 from clienthelpers import CLIENTS, HERE as CLIENTS_HERE, PATH, SUPERVISOR, clients_problem  # noqa: E402
-from e2ehelpers import SERVERS, servers_problem  # noqa: E402
+from e2ehelpers import SERVERS, npx_dir_for, seed_caches, servers_env, servers_problem  # noqa: E402
+
+from supervisor.learn.learner import SCRATCH_PARENT  # noqa: E402
 
 _PROBLEM = servers_problem() or clients_problem()
 pytestmark = [
@@ -54,7 +68,7 @@ pytestmark = [
     pytest.mark.timeout(180),
 ]
 
-LEARN_TIMEOUT = 150.0   # all four learn runs, in parallel
+LEARN_TIMEOUT = 150.0   # all the learn runs, in parallel
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
 
 
@@ -108,6 +122,8 @@ class Target:
     run_calls: Callable[[Home], list[Call]]      # what the SDK client asks through the supervisor
     write: Callable[[Home], Path] | None = None  # --write
     readable: Callable[[Home], Path] = field(default=lambda h: SERVERS)  # a positive control for the probe
+    options: tuple[str, ...] = ()                # more of learn's options (--env, --inherit-env)
+    env: dict[str, str] = field(default_factory=dict)   # the user's, for learn and in the client config
 
 
 NODE_MODULES = SERVERS / "node" / "node_modules"
@@ -122,6 +138,17 @@ def _db(h: Home) -> Path:
 
 def _graph(h: Home) -> Path:
     return h.home / "kg" / "memory.jsonl"
+
+
+# Launched by npx (name -> package) and uvx, their caches seeded in their areas.
+VERSIONS = servers_env()
+NPX = {"sequential-thinking-npx": "@modelcontextprotocol/server-sequential-thinking"}
+UVX = ("time-uvx",)
+LAUNCHED = {**{n: ("npx", "npm-cache") for n in NPX}, **{n: ("uvx", "uv-cache") for n in UVX}}   # profile, cache
+
+
+def _cache(h: Home, name: str) -> Path:
+    return h.state / "servers" / name / LAUNCHED[name][1]
 
 
 TARGETS = (
@@ -158,6 +185,21 @@ TARGETS = (
                       Call("write_query", {"query": f"ATTACH DATABASE '{h.secret}' AS stolen"},
                            f"Database error: unable to open database: {h.secret}")],
            write=lambda h: _db(h).parent, readable=_db),
+    Target("sequential-thinking-npx", "sequential-thinking-server",
+           lambda h: ["npx", "-y", f"{NPX['sequential-thinking-npx']}@{VERSIONS['SEQTHINK_VER']}"],
+           lambda h: [Call("sequentialthinking", THOUGHT, '"thoughtHistoryLength": 1')],
+           lambda h: [Call("sequentialthinking", THOUGHT, '"thoughtHistoryLength": 1')],
+           readable=lambda h: (_cache(h, "sequential-thinking-npx") / "_npx"
+                               / npx_dir_for(NPX["sequential-thinking-npx"]).name / "package.json"),
+           options=("--inherit-env", "npm_config_offline"), env={"npm_config_offline": "true"}),
+    Target("time-uvx", "mcp-time",
+           lambda h: [str(SERVERS / "venv" / "bin" / "uvx"), f"mcp-server-time=={VERSIONS['TIME_VER']}",
+                      "--local-timezone", "UTC"],
+           lambda h: [Call("get_current_time", {"timezone": "Europe/Paris"}, '"timezone": "Europe/Paris"')],
+           lambda h: [Call("convert_time", {"source_timezone": "UTC", "time": "12:00",
+                                            "target_timezone": "Asia/Tokyo"}, "T21:00:00+09:00")],
+           readable=lambda h: _cache(h, "time-uvx") / "CACHEDIR.TAG",
+           options=("--env", "UV_OFFLINE=1", "--env", "UV_PYTHON=/usr/bin/python3")),
 )
 NAMES = [t.name for t in TARGETS]
 BY_NAME = {t.name: t for t in TARGETS}
@@ -181,6 +223,7 @@ def build(h: Home) -> None:
     _graph(h).parent.chmod(0o755)
     _graph(h).touch()
     _graph(h).chmod(0o666)
+    seed_caches(h.state, NPX, UVX)
 
 
 def learn_argv(h: Home, t: Target) -> list[str]:
@@ -190,7 +233,7 @@ def learn_argv(h: Home, t: Target) -> list[str]:
         argv += ["--call", c.tool, json.dumps(c.arguments)]
     if t.write is not None:
         argv += ["--write", str(t.write(h))]
-    return [*argv, "--", *t.argv(h)]
+    return [*argv, *t.options, "--", *t.argv(h)]
 
 
 @dataclass
@@ -224,12 +267,12 @@ def world() -> Iterator[Home]:
 
 @pytest.fixture(scope="module")
 def learnt(world: Home) -> dict[str, Learnt]:
-    """The four learn runs, side by side; each one's outcome."""
+    """The learn runs, side by side; each one's outcome."""
     started = {}
     for t in TARGETS:
         argv = learn_argv(world, t)
         out, err = (open(world.root / f"learn-{t.name}.{s}", "w+") for s in ("out", "err"))
-        p = subprocess.Popen(argv, env=world.env(), cwd=str(world.home), stdin=subprocess.DEVNULL,
+        p = subprocess.Popen(argv, env={**world.env(), **t.env}, cwd=str(world.home), stdin=subprocess.DEVNULL,
                              stdout=out, stderr=err, start_new_session=True)
         started[t.name] = (argv, p, out, err, time.monotonic())
     deadline = time.monotonic() + LEARN_TIMEOUT
@@ -270,7 +313,7 @@ def sessions(world: Home, learnt: dict[str, Learnt]) -> dict[str, Any]:
     spec = {"timeout": 30, "sessions": {
         n: {"command": str(SUPERVISOR),
             "args": ["run", "--manifests", str(world.manifests), "--state-root", str(world.state), n],
-            "env": {}, "roots": None, "calls": [c.spec() for c in BY_NAME[n].run_calls(world)]}
+            "env": BY_NAME[n].env, "roots": None, "calls": [c.spec() for c in BY_NAME[n].run_calls(world)]}
         for n in names}}
     path = world.root / "sessions.json"
     path.write_text(json.dumps(spec))
@@ -398,9 +441,32 @@ def test_nothing_under_home_but_what_the_server_needs(learnt: dict[str, Learnt],
     assert m.state_dir is None or not m.state_dir.startswith(home + "/"), m.state_dir
 
 
+# ---- what the manifest holds ------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_path_of_the_scratch_nor_of_the_state_root(learnt: dict[str, Learnt], world: Home, name: str) -> None:
+    """learn ran the server in its scratch directory, with a copy of its
+    area: the manifest says `${STATE_DIR}` and its profiles, never where."""
+    one = learnt_ok(learnt, name)
+    text = (world.manifests / f"{name}.yaml").read_text()
+    for where in (f"{SCRATCH_PARENT}/landlock-learn-", str(world.state)):
+        assert where not in text, f"{name}'s manifest names {where}:\n{text}\n{one.summary}"
+
+
+@pytest.mark.parametrize("name", LAUNCHED)
+def test_npx_and_uvx_keep_their_caches_where_their_profiles_put_them(learnt: dict[str, Learnt], world: Home,
+                                                                     name: str) -> None:
+    one = learnt_ok(learnt, name)
+    text = (world.manifests / f"{name}.yaml").read_text()
+    launcher = LAUNCHED[name][0]
+    assert launcher in yaml.safe_load(text)["sandbox"]["profiles"], f"no {launcher} profile:\n{text}"
+    cache = str(_cache(world, name))
+    assert cache in load(world, name).spec.read_write, f"{cache} not read_write (its profile's)\n{one.summary}"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_learn_fits_its_share_of_the_budget(learnt: dict[str, Learnt], name: str) -> None:
-    """The learn e2e tests fit in 3 minutes: the four runs, side by side, in
+    """The learn e2e tests fit in 3 minutes: the six runs, side by side, in
     well under that (the rest is one SDK session each)."""
     one = learnt_ok(learnt, name)
     assert one.seconds < 120, one.describe()

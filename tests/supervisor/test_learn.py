@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import ids
 from supervisor import manifest as manifests
 from supervisor.learn import session
 from supervisor.private import start
@@ -109,6 +110,17 @@ def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny
     sandbox = result.stdout.split("sandbox:")[1].split("# Writes it attempted")[0]
     assert str(target) not in sandbox
     assert f"#   {target / 'x.txt'}: " in result.stdout
+
+
+def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny) -> None:
+    """`--state-root state` once made learn walk up from "state" to / for
+    ever (its exclusion's ancestors), growing until the OOM killer came."""
+    server, _ = tiny
+    result = learn(lab, "--state-root", "state", "--name", "tiny", "--out", str(lab.dir / "rel.yaml"),
+                   "--", "/usr/bin/python3", str(server))
+    assert result.returncode == 0, result.stderr
+    loaded = manifests.load(lab.dir / "rel.yaml", state_root=str(lab.dir / "state"))
+    assert loaded.uid == ids.Table(str(lab.dir / "state")).assign(["tiny"])["tiny"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -114,6 +114,12 @@ def test_covering_set_of_nothing_is_every_top_level_entry_and_of_root_nothing() 
     assert covering_set(["/"], lambda d: TREE.get(d, [])) == []
 
 
+def test_covering_set_refuses_a_relative_path() -> None:
+    """Its ancestors never reach / (a relative --state-root once looped for ever)."""
+    with pytest.raises(ValueError, match="must be absolute: state"):
+        covering_set(["/etc/shadow", "state"], lambda d: TREE.get(d, []))
+
+
 def test_refusal() -> None:
     ex = [Excluded("/home/ann/.aws", "a secret location")]
     assert refusal("/home/ann/.aws/credentials", ex) == "a secret location"
