@@ -288,6 +288,9 @@ def uvx(ctx: Context) -> Fragment:
     # The environments uv builds in its cache are executed from there.
     f.add("read_write", os.path.join(area, "uv-cache"))
     f.add("read_write_noexec", os.path.join(area, "uv-tools"))
+    # Measured (learn's traces): uv's memory and CPU probes, and the
+    # server's CPU quota; examples/time-uvx.yaml works without them.
+    f.quiet += ["/proc", "/sys/fs/cgroup", "/sys/kernel/mm/transparent_hugepage"]
     return f
 
 
