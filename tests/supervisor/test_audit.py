@@ -7,6 +7,7 @@ other test (tests/conftest.py orders them last). The kernel keeps audit
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -224,3 +225,30 @@ def test_without_a_canary_the_first_logged_denial_names_the_domain(lab: Any, hos
     result, denied = _collect(sv.client, "reads_all", [f"echo x > {target}/f; true"])
     assert [(e["rights"], e["object"]) for e in denied] == [(["fs.make_reg"], str(target))], denied
     assert denied[0]["allow"] == f"read_write_noexec: [{target}]"
+
+
+_AS_OTHER = """
+import json, os, sys
+from supervisor.client import Client
+client = Client(sys.argv[1])
+null = os.open(os.devnull, os.O_RDWR)
+child = client.spawn("sh", ["cat /etc/hostname; exit 0"], stdin=null, stdout=null, stderr=null)
+child.wait(30)
+print(json.dumps({"denied": list(child.denied), "exited": child.exited, "recent": client.denials()["recent"]}))
+"""
+
+
+def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_audit: Any) -> None:
+    lab.stock()
+    uid = 64151
+    sv = lab.start(extra=["--audit", "detail", "--allow-uid", str(uid)])
+    run(sv.client, "sh", ["cat /etc/hosts; true"])   # the owner's session, denied another file
+    out = subprocess.run([PYTHON, "-c", _AS_OTHER, str(sv.socket_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [e["object"] for e in got["denied"]] == ["/etc/hostname"]
+    assert got["exited"]["denials"]["received"] >= 1
+    assert {e["object"] for e in got["recent"]} == {"/etc/hostname"}   # not the owner's /etc/hosts
+    owner = {e["object"] for e in sv.client.denials()["recent"]}
+    assert {"/etc/hostname", "/etc/hosts"} <= owner
