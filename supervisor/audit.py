@@ -97,7 +97,7 @@ def choose(requested: str | None, nested: bool, logging_available: bool) -> Mode
         return unavailable("Landlock cannot log denials on this kernel (Linux 6.15+, Landlock ABI 7)")
     if os.geteuid() != 0:
         return unavailable("a user's own supervisor cannot read audit records (CAP_AUDIT_READ)")
-    if _other_netns():
+    if in_other_netns():
         return unavailable("audit records reach only the initial network namespace")
     try:
         status = audit.status()
@@ -140,7 +140,7 @@ def restore(mode: Mode) -> None:
     mode.restore.clear()
 
 
-def _other_netns() -> bool:
+def in_other_netns() -> bool:
     try:
         return os.stat("/proc/self/ns/net").st_ino != os.stat("/proc/1/ns/net").st_ino
     except OSError:

@@ -242,7 +242,7 @@ def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch
     from supervisor import audit as supervisor_audit
     made: list[dict[str, int]] = []
     monkeypatch.setattr(supervisor_audit.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(supervisor_audit, "_other_netns", lambda: False)
+    monkeypatch.setattr(supervisor_audit, "in_other_netns", lambda: False)
     monkeypatch.setattr(audit, "status", lambda: status)
     monkeypatch.setattr(audit, "set_status", lambda **f: made.append(f))
     if mode is SystemExit:
