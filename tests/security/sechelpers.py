@@ -72,7 +72,8 @@ class Identity:
     uid: int
 
 
-IDENTITIES = (Identity("uid", "probe-uid", CHILD_UID), Identity("root", "probe-root", 0))
+AS_UID, AS_ROOT = Identity("uid", "probe-uid", CHILD_UID), Identity("root", "probe-root", 0)
+IDENTITIES = (AS_UID, AS_ROOT)
 BOMB = Identity("bomb", "probe-bomb", BOMB_UID)   # resource bombs: their own uid
 
 

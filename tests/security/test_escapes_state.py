@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from sechelpers import CHILD_UID, IDENTITIES, PROBE, attack, case, check_limit, probe_manifest
+from sechelpers import AS_ROOT, AS_UID, CHILD_UID, IDENTITIES, PROBE, attack, case, check_limit, probe_manifest
 from svhelpers import wait_until
 
 from supervisor.client import NoSuchManifest
@@ -81,10 +81,8 @@ def test_state_symlink_swap(lab, ident):
 @case("allow-root-refused")
 @pytest.mark.timeout(30)
 def test_allow_root_refused_without_the_option(lab):
-    root = next(i for i in IDENTITIES if i.uid == 0)
-    uid = next(i for i in IDENTITIES if i.uid)
-    _world(lab, root, "as-root")
-    _world(lab, uid, "as-uid")
+    _world(lab, AS_ROOT, "as-root")
+    _world(lab, AS_UID, "as-uid")
     sv = lab.supervisor()
     sv.allow_root = False
     sv.start()
@@ -102,8 +100,7 @@ def test_allow_root_chmod(lab):
     files: chmod needs ownership, not a capability, and Landlock does not
     handle metadata. A root-owned copy of a binary outside every grant
     becomes set-uid root."""
-    root = next(i for i in IDENTITIES if i.uid == 0)
-    _world(lab, root)
+    _world(lab, AS_ROOT)
     target = lab.dir / "foreign-copy"
     shutil.copy("/bin/true", target)
     os.chmod(target, 0o755)
@@ -133,10 +130,8 @@ def test_sysv_ipc_of_the_host(lab, ident):
 @pytest.mark.timeout(30)
 def test_servers_share_one_ipc_namespace(lab):
     """The zygote keeps no CAP_SYS_ADMIN: one IPC namespace for every server."""
-    root = next(i for i in IDENTITIES if i.uid == 0)
-    uid = next(i for i in IDENTITIES if i.uid)
-    _world(lab, uid, "one")
-    _world(lab, root, "two")
+    _world(lab, AS_UID, "one")
+    _world(lab, AS_ROOT, "two")
     sv = lab.start()
     key = 0x11C5B000 + os.getpid() % 4096
     made = attack(sv.client, "one", [["shm_create", key, "from one"]])
@@ -149,8 +144,7 @@ def test_servers_share_one_ipc_namespace(lab):
 def test_executable_caches_persist(lab):
     """One session puts a program in its (executable) cache; the next
     session of the same manifest runs it."""
-    uid = next(i for i in IDENTITIES if i.uid)
-    area, _ = _world(lab, uid)
+    area, _ = _world(lab, AS_UID)
     sv = lab.start()
     tool = str(area / "npm-cache" / "tool")
     first = attack(sv.client, "npxlike", [["copy", str(lab.dir / "bin" / "true"), tool, "755"]])

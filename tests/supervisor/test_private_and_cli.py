@@ -2,10 +2,12 @@
 `landlock-supervisor run` as a drop-in server command."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,6 +15,23 @@ import supervisor
 from supervisor.client import NoSuchManifest, SpawnFailed
 from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
                        spawn_bg, state, unix_socket_paths, wait_until)
+
+
+@contextlib.contextmanager
+def _running(runner: list[str], script: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`landlock-supervisor run ... sh -- SCRIPT` in the background, its
+    stdout and stderr piped; killed and closed at the end, whatever happened."""
+    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", script], cwd=REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
 
 # ---- private mode -----------------------------------------------------------------
 
@@ -172,19 +191,11 @@ def test_run_errors(runner):
 def test_run_forwards_signals(runner, sig, lab):
     script = (f"trap 'echo caught; exit 42' {sig.name[3:]}; echo ready; "
               "sleep 100 & wait")
-    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", script], cwd=REPO,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with _running(runner, script) as proc:
         assert read_line(proc.stdout.fileno(), 10) == b"ready\n"
         proc.send_signal(sig)
         assert proc.wait(10) == 42, proc.stderr.read()
         assert proc.stdout.read() == b"caught\n"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
     assert wait_until(lambda: not processes_with_tag(lab.tag), 3)
 
 
@@ -192,9 +203,7 @@ def test_run_forwards_signals(runner, sig, lab):
 def test_run_killed_ends_its_child(runner, lab):
     """SIGKILL to `run` (nothing forwarded): the connection closes and the
     child goes with it."""
-    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", "echo $$; exec sleep 100"],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
+    with _running(runner, "echo $$; exec sleep 100") as proc:
         child = int(read_line(proc.stdout.fileno(), 10))
         assert alive(child)
         started = time.monotonic()
@@ -202,11 +211,6 @@ def test_run_killed_ends_its_child(runner, lab):
         proc.wait()
         assert wait_until(lambda: not alive(child), 3), state(child)
         assert time.monotonic() - started < 3
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
 
 
 @pytest.mark.timeout(30)
@@ -216,9 +220,7 @@ def test_run_term_then_kill_keeps_the_grace_from_the_term(runner, lab):
     connection's close + the grace (1 s for the test daemon, 5 s for a
     private supervisor)."""
     grace = GRACE if "--socket" in runner else 5.0
-    proc = subprocess.Popen([PYTHON, "-m", "supervisor", *runner, "sh", "--", "trap '' TERM; echo $$; exec sleep 100"],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
+    with _running(runner, "trap '' TERM; echo $$; exec sleep 100") as proc:
         child = int(read_line(proc.stdout.fileno(), 10))
         assert alive(child)
         termed = time.monotonic()
@@ -230,11 +232,6 @@ def test_run_term_then_kill_keeps_the_grace_from_the_term(runner, lab):
         assert wait_until(lambda: not alive(child), grace * 2), state(child)
         took = time.monotonic() - termed
         assert grace * 0.8 <= took < grace + 0.45, f"KILL {took:.2f} s after the TERM, grace {grace}"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
 
 
 @pytest.mark.timeout(30)
