@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from landlock import audit
+from landlock import audit, rights
 
 from . import procfs, secrets
 
@@ -52,31 +52,41 @@ def refusal(path: str, homes: frozenset[str]) -> str | None:
     return None
 
 
-_READ = {"fs.read_file", "fs.read_dir"}
-_WRITE = {"fs.write_file", "fs.truncate", "fs.make_char", "fs.make_dir", "fs.make_reg", "fs.make_sock",
-          "fs.make_fifo", "fs.make_block", "fs.make_sym", "fs.remove_dir", "fs.remove_file", "fs.ioctl_dev",
-          "fs.refer"}
+# The manifest's network keys, by the kernel's name of the right.
+_NET_KEYS = {"net.connect_tcp": "connect_tcp", "net.bind_tcp": "bind_tcp", "net.connect_send_udp": "connect_udp",
+             "net.bind_udp": "bind_udp"}
+# Path classes, narrowest first: a denial gets the first that covers it.
+_CLASSES = sorted(rights.PATH_CLASSES.items(), key=lambda item: bin(item[1]).count("1"))
+
+
+def _fs_rights(blockers: tuple[str, ...]) -> int | None:
+    """The blockers as landlock.rights.FS flags; None if one is not a filesystem right."""
+    mask = 0
+    for blocker in blockers:
+        kind, _, name = blocker.partition(".")
+        if kind != "fs" or name.upper() not in rights.FS.__members__:
+            return None
+        mask |= rights.FS[name.upper()]
+    return mask
 
 
 def allow_line(blockers: tuple[str, ...], path: str | None, port: int | None,
                homes: frozenset[str]) -> tuple[str | None, str | None]:
-    """(the manifest line that would allow it, or None; why not). Pure:
-    tested as a table."""
-    rights = set(blockers)
-    if rights & {"net.connect_tcp", "net.bind_tcp"}:
-        key = "connect_tcp" if "net.connect_tcp" in rights else "bind_tcp"
-        return (f"{key}: [{port}]", None) if port is not None else (None, "no port in the record")
-    if any(r.startswith("scope.") for r in rights):
+    """(the manifest line that would allow it, or None; why not): the
+    narrowest class of landlock.rights.PATH_CLASSES holding every right
+    denied. Pure: tested as a table."""
+    net = [_NET_KEYS[b] for b in blockers if b in _NET_KEYS]
+    if net:
+        return (f"{net[0]}: [{port}]", None) if port is not None else (None, "no port in the record")
+    if any(b.startswith("scope.") for b in blockers):
         return None, "a scope (signals, abstract unix sockets) is not granted per target"
-    if path is None or not rights <= _READ | _WRITE | {"fs.execute"}:
-        return None, "no manifest class grants " + ",".join(sorted(rights))
+    needed = _fs_rights(blockers)
+    cls = next((name for name, mask in _CLASSES if needed is not None and needed & mask == needed), None)
+    if path is None or cls is None:
+        return None, "no manifest class grants " + ",".join(sorted(blockers))
     why = refusal(path, homes)
     if why is not None:
         return None, f"not proposed: {why}"
-    if rights & _WRITE:
-        cls = "read_write" if "fs.execute" in rights else "read_write_noexec"
-    else:
-        cls = "read_only" if "fs.execute" in rights else "read_only_noexec"
     return f"{cls}: [{path}]", None
 
 
