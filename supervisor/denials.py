@@ -146,6 +146,9 @@ class Denials:
         self.homes = home_dirs()
         self.domains: dict[int, Any] = {}                                   # domain -> Session
         self.pending: collections.OrderedDict[int, int] = collections.OrderedDict()   # pid -> domain
+        self.pending_pid: dict[int, int] = {}                                   # domain -> pid
+        # Domains whose canary denial was seen: the kernel's count holds it.
+        self.marked: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.unknown: collections.OrderedDict[int, list[tuple[float, audit.Access, audit.Syscall | None]]] = \
             collections.OrderedDict()
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_MAX)
@@ -159,21 +162,23 @@ class Denials:
             session = self._owner(record.pid)
             if session is None:
                 self.pending[record.pid] = record.domain
+                self.pending_pid[record.domain] = record.pid
                 while len(self.pending) > PENDING_MAX:
-                    self.pending.popitem(last=False)
+                    self.pending_pid.pop(self.pending.popitem(last=False)[1], None)
             else:
                 self._attach(session, record.domain)
         elif record.status == "deallocated":
             session = self.domains.pop(record.domain, None)
             self.unknown.pop(record.domain, None)
-            for pid, domain in list(self.pending.items()):
-                if domain == record.domain:
-                    del self.pending[pid]
+            pid = self.pending_pid.pop(record.domain, None)
+            if pid is not None and self.pending.get(pid) == record.domain:
+                del self.pending[pid]
+            canary = record.domain in self.marked
+            self.marked.pop(record.domain, None)
             if session is not None and session.tally is not None and record.denials is not None:
                 tally = session.tally
-                # The canary was one of them.
-                tally.kernel = (tally.kernel or 0) + max(0, record.denials - (self.canary is not None))
-                if tally.on_settled is not None and not (tally.domains & set(self.domains)):
+                tally.kernel = (tally.kernel or 0) + max(0, record.denials - canary)
+                if tally.on_settled is not None and not any(d in self.domains for d in tally.domains):
                     settled, tally.on_settled = tally.on_settled, None
                     settled()
 
@@ -198,6 +203,7 @@ class Denials:
         """A new session (fresh or pooled): its domain may be known already."""
         domain = self.pending.pop(session.pid, None)
         if domain is not None:
+            self.pending_pid.pop(domain, None)
             self._attach(session, domain)
 
     def awaits(self, session: Any) -> bool:
@@ -216,6 +222,9 @@ class Denials:
 
     def access(self, access: audit.Access, syscall: audit.Syscall | None) -> None:
         if self.canary is not None and access.path == self.canary:
+            self.marked[access.domain] = None
+            while len(self.marked) > PENDING_MAX:   # (deallocated records lost)
+                self.marked.popitem(last=False)
             return
         session = self.domains.get(access.domain)
         if session is None:

@@ -194,6 +194,7 @@ def test_no_denied_before_spawned_then_in_order() -> None:
 def test_the_kernel_count_without_the_canary_settles_the_exit() -> None:
     w = World()
     s = w.session(10)
+    w.denials.access(_access(0xA, "/run/canary"), None)
     w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
     assert w.denials.awaits(s)
     settled: list[bool] = []
@@ -256,3 +257,12 @@ def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch
     assert (got.name, got.panic if got.name != "off" else panic, made) == (mode, panic, changes)
     if mode == "off" and requested is None:
         assert "audit is off on this host" in got.reason and "learn" in got.reason
+
+
+def test_a_domain_the_canary_did_not_mark_is_counted_whole() -> None:
+    w = World()
+    s = w.session(10)
+    w.denials.domain(audit.Domain(1, 0xB, "allocated", 10, None))   # a manifest granting the canary, say
+    w.denials.domain(audit.Domain(2, 0xB, "deallocated", None, 7))
+    assert s.tally is not None and s.tally.kernel == 7
+    assert not w.denials.pending and not w.denials.pending_pid and not w.denials.marked
