@@ -1,4 +1,4 @@
-"""Denial visibility: the audit mode (the operator's `serve --audit`, the host's state), the flags each domain gets, the record reader in the loop.
+"""Denial visibility: the audit mode (the operator's `serve --audit`, the host's state), the flags each domain gets, the record reader in the loop, the `denials` reply.
 
 Modes: `off` reads nothing; `count` (the default where audit is already on)
 marks each domain with a canary denial before exec and learns from the
@@ -9,11 +9,14 @@ backlog when no audit daemon owns it), and it is put back at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,3 +245,101 @@ class Reader:
             kernel = -1
         return {"kernel": kernel, "reader_overflows": self.overflows,
                 "unattributed": self.denials.unattributed}
+
+
+# The canary every domain denies, where no manifest grants.
+CANARY_DIR = "/run/landlock-supervisor-audit"
+# A `denials` reply holds the newest that fit in one datagram (64 KiB).
+REPLY_MAX = 60000
+
+
+class Visibility:
+    """One supervisor's view of the kernel's denials: the mode chosen
+    before any fork (a task has an audit context only if audit was on
+    when it was forked), the reader, the canary, who follows."""
+
+    def __init__(self, loop: Loop, requested: str | None, nested: bool, private: bool,
+                 session_of: Callable[[int], Any], offer: Callable[[Any, dict[str, Any]], bool]) -> None:
+        import landlock
+        self.logging_available = "logging" in landlock.support.probe().features
+        self.mode = choose(requested, nested, self.logging_available)
+        self.offer = offer
+        self.followers: list[Any] = []     # connections of `denials --follow`
+        self.reader: Reader | None = None
+        self.canary: str | None = None
+        # (A private supervisor's stderr is its client's: `run` says it when a server fails.)
+        self.quiet = private
+        if self.mode.name != "off":
+            self._read(loop, requested, session_of)
+        elif requested != "off":
+            self._say(f"denials: not visible: {self.mode.reason}")
+
+    def _say(self, line: str) -> None:
+        if not self.quiet:
+            log(line)
+
+    def _read(self, loop: Loop, requested: str | None, session_of: Callable[[int], Any]) -> None:
+        try:
+            self.canary = make_canary(CANARY_DIR)
+            sock = audit.open_reader()
+        except (audit.Unavailable, OSError) as e:
+            self.close()
+            if requested is not None:
+                raise SystemExit(f"landlock-supervisor: --audit {self.mode.name}: {e}") from None
+            self.mode = Mode("off", f"{e}{NOT_VISIBLE}")
+            self._say(f"denials: not visible: {self.mode.reason}")
+            return
+        denials = Denials(self.canary, session_of, lambda s, event: self.offer(s.conn, event), self._tell_followers)
+        self.reader = Reader(loop, sock, denials)
+        self._say(f"denials: {self.mode.name} mode" + (" (nested domains too)" if self.mode.nested else ""))
+
+    @property
+    def denials(self) -> Denials | None:
+        return self.reader.denials if self.reader is not None else None
+
+    def logged(self, spec: Any) -> tuple[Any, str | None]:
+        """A manifest's Spec with the log flags this mode gives its domains
+        (domain_logging), and a warning when its `log:` was overruled."""
+        if not self.logging_available:
+            return spec, None
+        flags, _, warning = domain_logging(self.mode.name, spec.log, self.mode.panic, self.mode.nested)
+        return dataclasses.replace(spec, log=flags), warning
+
+    def reply(self, uid: int, everyone: bool) -> dict[str, Any]:
+        """The `denials` reply: the recent ones uid may see (everyone: all),
+        newest last, as many as fit in one datagram."""
+        reply: dict[str, Any] = {"event": "denials", **self.mode.describe(), "recent": [], "omitted": 0}
+        if self.reader is not None:
+            reply["lost"] = self.reader.lost(self.mode)
+            visible = [d for d in self.reader.denials.recent if everyone or d["uid"] == uid]
+            size = 0
+            for d in reversed(visible):
+                size += len(json.dumps(d)) + 2
+                if size > REPLY_MAX:
+                    break
+                reply["recent"].append(d)
+            reply["recent"].reverse()
+            reply["omitted"] = len(visible) - len(reply["recent"])
+        return reply
+
+    def _tell_followers(self, event: dict[str, Any], uid: int) -> None:
+        for conn in list(self.followers):
+            if conn.peer.uid in (uid, os.geteuid()):
+                self.offer(conn, event)
+
+    def unfollow(self, conn: Any) -> None:
+        if conn in self.followers:
+            self.followers.remove(conn)
+
+    def close(self) -> None:
+        """The reader closed, the canary removed, the host's settings put back."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.canary is not None:
+            try:
+                os.unlink(self.canary)
+            except OSError:
+                pass
+            self.canary = None
+        restore(self.mode)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
 import os
 import signal
 import socket
@@ -17,14 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import landlock
-from landlock import audit as landlock_audit
-
 from . import audit, ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
-from .denials import Denials
 from .early import keep_stdio_open, prepare
 from .connections import Connection, Connections, Handler
 from .errors import Code, Refused
@@ -43,10 +38,6 @@ __all__ = ["Config", "Limits", "Supervisor"]
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDIO_NAMES = ("stdin", "stdout", "stderr")
 POOL_IDLE = 300.0
-# The canary every domain denies (supervisor/audit.py), where no manifest grants.
-CANARY_DIR = "/run/landlock-supervisor-audit"
-# A `denials` reply holds the newest that fit in one datagram (64 KiB).
-DENIALS_REPLY_MAX = 60000
 
 
 @dataclass
@@ -103,58 +94,17 @@ class Supervisor:
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
             "describe": self._describe, "status": self._status, "signal": self._signal,
             "denials": self._denials}
-        self.logging_available = "logging" in landlock.support.probe().features
-        # Before any fork: a task has an audit context only if audit was on when it was forked.
-        self.audit_mode = audit.choose(config.audit, config.audit_nested, self.logging_available)
-        self.reader: audit.Reader | None = None
-        self.followers: list[Connection] = []   # `denials --follow`
+        self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
+                                           config.control_fd is not None, self.children.sessions.get,
+                                           self.connections.offer)
+        self.children.denials = self.visibility.denials
+        self.children.visibility = self.visibility.mode.describe()
+        self.confinements.canary = self.visibility.canary
         try:
-            if self.audit_mode.name != "off":
-                self._read_denials()
-            elif config.audit != "off" and config.control_fd is None:
-                # (A private supervisor's stderr is its client's: `run` says it when a server fails.)
-                log(f"denials: not visible: {self.audit_mode.reason}")
-            self.children.visibility = self.audit_mode.describe()
             self.manifests = self._load_manifests()
         except BaseException:
-            self._stop_reading()
+            self.visibility.close()
             raise
-
-    def _read_denials(self) -> None:
-        try:
-            sock = landlock_audit.open_reader()
-            canary = audit.make_canary(CANARY_DIR)
-        except (landlock_audit.Unavailable, OSError) as e:
-            if self.config.audit is not None:
-                audit.restore(self.audit_mode)
-                raise SystemExit(f"landlock-supervisor: --audit {self.audit_mode.name}: {e}") from None
-            self.audit_mode = audit.Mode("off", f"{e}{audit.NOT_VISIBLE}")
-            if self.config.control_fd is None:
-                log(f"denials: not visible: {self.audit_mode.reason}")
-            return
-        denials = Denials(canary, self.children.sessions.get, lambda s, event: self.connections.offer(s.conn, event),
-                          self._tell_followers)
-        self.reader = audit.Reader(self.loop, sock, denials)
-        self.children.denials = denials
-        self.confinements.canary = canary
-        if self.config.control_fd is None:
-            log(f"denials: {self.audit_mode.name} mode" + (" (nested domains too)" if self.audit_mode.nested else ""))
-
-    def _stop_reading(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
-            if self.confinements.canary:
-                try:
-                    os.unlink(self.confinements.canary)
-                except OSError:
-                    pass
-        audit.restore(self.audit_mode)
-
-    def _tell_followers(self, event: dict[str, Any], uid: int) -> None:
-        for conn in list(self.followers):
-            if conn.peer.uid in (uid, os.geteuid()):
-                self.connections.offer(conn, event)
 
     # ---- start-up, reload, shutdown ------------------------------------
 
@@ -170,12 +120,10 @@ class Supervisor:
                                     dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
         out = {}
         for m in loaded.values():
-            if self.logging_available:
-                flags, _, warning = audit.domain_logging(self.audit_mode.name, m.spec.log, self.audit_mode.panic,
-                                                         self.audit_mode.nested)
-                m = dataclasses.replace(m, spec=dataclasses.replace(m.spec, log=flags))
-                if warning:
-                    log(f"{m.source}: warning: {warning}")
+            spec, warning = self.visibility.logged(m.spec)
+            m = dataclasses.replace(m, spec=spec)
+            if warning:
+                log(f"{m.source}: warning: {warning}")
             if m.runs_as_root and not self.config.allow_root_servers:
                 why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
                 log(f"{m.source}: refused: it runs as root ({why}), which needs `serve --allow-root-servers`")
@@ -259,7 +207,7 @@ class Supervisor:
         self.children.end_descendants()
         self.connections.close_all()
         self._remove_socket_path()
-        self._stop_reading()
+        self.visibility.close()
 
     def _tick(self) -> bool:
         waiting = self.connections.expire_due()
@@ -267,8 +215,7 @@ class Supervisor:
         return waiting or bool(self.children.sessions)
 
     def _closed(self, conn: Connection) -> None:
-        if conn in self.followers:
-            self.followers.remove(conn)
+        self.visibility.unfollow(conn)
         self.children.client_gone(conn)
         if conn.control:
             self.shutdown("shutdown")
@@ -346,23 +293,10 @@ class Supervisor:
         follow = message.get("follow", False)
         if not isinstance(follow, bool):
             raise Refused(Code.BAD_REQUEST, "'follow' must be true or false")
-        everyone = conn.peer.uid == os.geteuid()
-        reply: dict[str, Any] = {"event": "denials", **self.audit_mode.describe(), "recent": [], "omitted": 0}
-        if self.reader is not None:
-            reply["lost"] = self.reader.lost(self.audit_mode)
-            visible = [d for d in self.reader.denials.recent if everyone or d["uid"] == conn.peer.uid]
-            size = 0
-            for d in reversed(visible):
-                size += len(json.dumps(d)) + 2
-                if size > DENIALS_REPLY_MAX:
-                    break
-                reply["recent"].append(d)
-            reply["recent"].reverse()
-            reply["omitted"] = len(visible) - len(reply["recent"])
-        self.connections.send(conn, reply)
+        self.connections.send(conn, self.visibility.reply(conn.peer.uid, conn.peer.uid == os.geteuid()))
         if follow:
             conn.deadline = None
-            self.followers.append(conn)
+            self.visibility.followers.append(conn)
 
     def _status(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         session = _session_of(conn, "status")
