@@ -24,6 +24,7 @@ _ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of u
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .learn import command as learn_command
     p = argparse.ArgumentParser(prog="landlock-supervisor",
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
@@ -85,39 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true")
     check.add_argument("--profiles", action="store_true", help="list the built-in profiles")
     check.add_argument("manifest", nargs="*", help="manifest files (or use --manifests)")
-    _learn_parser(sub)
+    learn_command.add_parser(sub)
     for parser in sub.choices.values():
         parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
     return p
-
-
-def _learn_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    learn = sub.add_parser("learn", help="learn a server's manifest from confined, traced runs of an MCP session",
-                           description="Runs COMMAND under strace, confined by a learning policy, as the uid "
-                                       "the supervisor will give it, drives an MCP session, and writes a "
-                                       "commented manifest validated by confined runs of the same session. "
-                                       "Exit 0: validated; 4: written, not validated; 1: failed; 2: usage; "
-                                       "3: Landlock unavailable.")
-    learn.add_argument("--name", help="the manifest's name (default: from the command)")
-    learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
-    learn.add_argument("--session", metavar="FILE",
-                       help="JSON lines of requests ({\"method\": ..., \"params\": ...}) sent after initialize")
-    learn.add_argument("--call", nargs=2, action="append", default=[], metavar=("TOOL", "JSON"),
-                       help="call TOOL with these arguments (repeatable; after tools/list or the session)")
-    learn.add_argument("--write", action="append", default=[], metavar="PATH",
-                       help="a path the server may write while learning, granted if it does (repeatable)")
-    learn.add_argument("--cwd", metavar="DIR", help="the server's working directory (default: its state directory)")
-    learn.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                       help="a variable the manifest sets (default HOME=${STATE_DIR})")
-    learn.add_argument("--inherit-env", action="append", default=[], metavar="NAME",
-                       help="a variable the manifest takes from the supervisor's environment (PATH always)")
-    learn.add_argument("--state-root", metavar="DIR",
-                       help="the state root of the supervisor that will serve it (its area is copied for the runs)")
-    learn.add_argument("--rounds", type=int, default=5, metavar="N", help="runs at most (default 5)")
-    learn.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="for each reply of the session (default 60)")
-    learn.add_argument("--keep", action="store_true", help="keep the scratch directory (traces, round manifests)")
-    learn.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
 
 
 def _fail(code: int, message: str) -> int:
@@ -136,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         from .denied import main as denials_main
         return denials_main(args)
     if args.command == "learn":
-        return _learn(args)
+        from .learn import command as learn_command
+        return learn_command.main(args)
     if args.command == "run":
         if args.manifests and args.socket:
             return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
@@ -163,47 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
-
-
-def _learn(args: argparse.Namespace) -> int:
-    from .learn import exclude, learner
-    from .learn.session import SessionFileError, requests
-    command = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not command:
-        return _fail(EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
-    if not 1 <= args.rounds <= 20 or args.timeout <= 0:
-        return _fail(EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
-    try:
-        env = dict(learner.parse_env(args.env))
-        lines = None
-        if args.session:
-            with open(args.session) as f:
-                lines = f.read(1 << 22).splitlines()
-        plan = requests([tuple(c) for c in args.call], lines, args.session or "--session")
-    except learner.LearnError as e:
-        return _fail(e.code, f"learn: {e}")
-    except (OSError, SessionFileError) as e:
-        return _fail(EXIT_USAGE, f"learn: {e}")
-    writes = []
-    for path in args.write:
-        real = os.path.realpath(path)
-        home = learner.own_home()
-        why = "never /" if real == "/" else exclude.refusal(real, exclude.excluded(home, [], []))
-        if why or real in exclude.homes(None):
-            return _fail(EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why or 'a home directory'})")
-        writes.append(real)
-    cwd = os.path.realpath(args.cwd) if args.cwd else None
-    # Absolute, as --write and --cwd: learning excludes it, walking up from it to /.
-    state_root = os.path.realpath(args.state_root) if args.state_root else None
-    if cwd is not None and not os.path.isdir(cwd):
-        return _fail(EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
-    session_text = ", ".join(r["method"] + (f" {r['params'].get('name')}" if r["method"] == "tools/call" else "")
-                             for r in plan)
-    opts = learner.Options(command=command, name=args.name, out=args.out,
-                           session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
-                           inherit_env=args.inherit_env, state_root=state_root, rounds=args.rounds,
-                           timeout=args.timeout, keep=args.keep)
-    return learner.main(opts)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -294,97 +226,6 @@ def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
     return clients.Client(args.socket)
 
 
-class _Relay:
-    """`run` from a terminal: the child gets pipes, copied here to and from
-    our terminal fds, never the terminal itself (a child leading its own
-    session could make it its controlling terminal and type into it)."""
-
-    def __init__(self) -> None:
-        self.child_fds: list[int] = [0, 1, 2]
-        self.ours: list[int] = []          # the child's ends, closed once it has them
-        self.inbound: int | None = None    # our write end of the child's stdin
-        self.pending = b""
-        self.outbound: dict[int, int] = {}  # our read end -> our fd it goes to
-        if os.isatty(0):
-            r, w = os.pipe2(os.O_CLOEXEC)
-            os.set_blocking(w, False)
-            self.child_fds[0], self.inbound = r, w
-            self.ours.append(r)
-        for fd in (1, 2):
-            if os.isatty(fd):
-                r, w = os.pipe2(os.O_CLOEXEC)
-                self.child_fds[fd] = w
-                self.outbound[r] = fd
-                self.ours.append(w)
-
-    def started(self) -> None:
-        for fd in self.ours:
-            os.close(fd)
-        self.ours = []
-
-    def readers(self) -> list[int]:
-        fds = list(self.outbound)
-        if self.inbound is not None and not self.pending:
-            fds.append(0)
-        return fds
-
-    def writers(self) -> list[int]:
-        return [self.inbound] if self.inbound is not None and self.pending else []
-
-    def handle(self, readable: list[int], writable: list[int]) -> None:
-        for r in [fd for fd in readable if fd in self.outbound]:
-            try:
-                data = os.read(r, 65536)
-            except OSError:
-                data = b""
-            if data:
-                _write_all(self.outbound[r], data)
-            else:
-                os.close(r)
-                del self.outbound[r]
-        if 0 in readable and self.inbound is not None:
-            try:
-                self.pending = os.read(0, 65536)
-            except OSError:
-                self.pending = b""
-            if not self.pending:
-                self._close_inbound()  # EOF (^D): the child's stdin ends too
-        if self.inbound is not None and self.pending:  # non-blocking: what fits now
-            try:
-                self.pending = self.pending[os.write(self.inbound, self.pending):]
-            except BlockingIOError:
-                pass
-            except OSError:  # the child closed its stdin
-                self._close_inbound()
-
-    def _close_inbound(self) -> None:
-        if self.inbound is not None:
-            os.close(self.inbound)
-            self.inbound = None
-        self.pending = b""
-
-    def drain(self, timeout: float = 1.0) -> None:
-        """After the child's exit: what it wrote, until EOF (or a leftover
-        holding the pipe stays quiet for `timeout`)."""
-        self._close_inbound()
-        while self.outbound:
-            ready = select.select(list(self.outbound), [], [], timeout)[0]
-            if not ready:
-                break
-            self.handle(ready, [])
-        for r in self.outbound:
-            os.close(r)
-        self.outbound = {}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        try:
-            data = data[os.write(fd, data):]
-        except OSError:
-            return
-
-
 # What every client's environment holds: not worth a word when not passed.
 _STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
                            "LANDLOCK_SUPERVISOR_SOCKET"})   # (the last is ours)
@@ -454,7 +295,8 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         if e.status == EXIT_USAGE:
             return EXIT_USAGE  # it said why, in one line (a manifest error, say)
         return _fail(1, str(e))
-    relay = _Relay()
+    from .relay import Relay
+    relay = Relay()
     try:
         try:
             stdin, stdout, stderr = relay.child_fds

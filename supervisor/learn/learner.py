@@ -1,4 +1,4 @@
-"""`landlock-supervisor learn`: a server command -> a manifest that works, in bounded rounds.
+"""Learning a manifest: a server command -> a manifest that works, in bounded rounds (learn/command runs it).
 
 Round 1 runs the server under strace, confined by a learning policy (read
 and execute everything but the excluded paths; write its scratch state
@@ -15,10 +15,8 @@ import pwd
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -352,53 +350,4 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
                                          f"the session failed ({_outcome_text(last.outcomes)})"))
         if last.stderr.strip():
             out.append("  its stderr ends with: " + last.stderr.strip()[-600:])
-    return out
-
-
-def main(opts: Options) -> int:
-    if not os.path.isfile(STRACE):
-        print(f"landlock-supervisor: learn needs strace ({STRACE}): apt-get install strace", file=sys.stderr)
-        return EXIT_FAILED
-    started = time.monotonic()
-    try:
-        learner = Learner(opts)
-    except LearnError as e:
-        print(f"landlock-supervisor: {e}", file=sys.stderr)
-        return e.code
-    try:
-        text, proposal, validated = learner.learn()
-        _write(opts.out, text)
-    except runner.RunFailed as e:
-        print(f"landlock-supervisor: learn: {e}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if e.unavailable else EXIT_FAILED
-    except (LearnError, OSError) as e:
-        print(f"landlock-supervisor: learn: {e}", file=sys.stderr)
-        return e.code if isinstance(e, LearnError) else EXIT_FAILED
-    finally:
-        learner.close()
-    for line in summary(learner, proposal, validated, time.monotonic() - started):
-        print(line, file=sys.stderr)
-    if opts.out != "-":
-        print(f"  written: {opts.out}", file=sys.stderr)
-    return EXIT_OK if validated else EXIT_NOT_VALIDATED
-
-
-def _write(out: str, text: str) -> None:
-    if out == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    tmp = f"{out}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
-
-
-def parse_env(pairs: Sequence[str]) -> Mapping[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise LearnError(f"--env: expected NAME=VALUE, got {pair!r}", EXIT_USAGE)
-        out[key] = value
     return out

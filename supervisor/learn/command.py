@@ -1,0 +1,141 @@
+"""`landlock-supervisor learn`: its options, checked into learner.Options, and the run that writes the manifest.
+
+Imported to build the command's parser: what learning needs is imported
+when it runs, not by every other subcommand.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import learner
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    learn = sub.add_parser("learn", help="learn a server's manifest from confined, traced runs of an MCP session",
+                           description="Runs COMMAND under strace, confined by a learning policy, as the uid "
+                                       "the supervisor will give it, drives an MCP session, and writes a "
+                                       "commented manifest validated by confined runs of the same session. "
+                                       "Exit 0: validated; 4: written, not validated; 1: failed; 2: usage; "
+                                       "3: Landlock unavailable.")
+    learn.add_argument("--name", help="the manifest's name (default: from the command)")
+    learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
+    learn.add_argument("--session", metavar="FILE",
+                       help="JSON lines of requests ({\"method\": ..., \"params\": ...}) sent after initialize")
+    learn.add_argument("--call", nargs=2, action="append", default=[], metavar=("TOOL", "JSON"),
+                       help="call TOOL with these arguments (repeatable; after tools/list or the session)")
+    learn.add_argument("--write", action="append", default=[], metavar="PATH",
+                       help="a path the server may write while learning, granted if it does (repeatable)")
+    learn.add_argument("--cwd", metavar="DIR", help="the server's working directory (default: its state directory)")
+    learn.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                       help="a variable the manifest sets (default HOME=${STATE_DIR})")
+    learn.add_argument("--inherit-env", action="append", default=[], metavar="NAME",
+                       help="a variable the manifest takes from the supervisor's environment (PATH always)")
+    learn.add_argument("--state-root", metavar="DIR",
+                       help="the state root of the supervisor that will serve it (its area is copied for the runs)")
+    learn.add_argument("--rounds", type=int, default=5, metavar="N", help="runs at most (default 5)")
+    learn.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="for each reply of the session (default 60)")
+    learn.add_argument("--keep", action="store_true", help="keep the scratch directory (traces, round manifests)")
+    learn.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"landlock-supervisor: {message}", file=sys.stderr)
+    return code
+
+
+def main(args: argparse.Namespace) -> int:
+    """The options checked, then the rounds (run)."""
+    from . import exclude, learner
+    from .session import SessionFileError, requests
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        return _fail(learner.EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
+    if not 1 <= args.rounds <= 20 or args.timeout <= 0:
+        return _fail(learner.EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
+    try:
+        env = dict(parse_env(args.env))
+        lines = None
+        if args.session:
+            with open(args.session) as f:
+                lines = f.read(1 << 22).splitlines()
+        plan = requests([tuple(c) for c in args.call], lines, args.session or "--session")
+    except learner.LearnError as e:
+        return _fail(e.code, f"learn: {e}")
+    except (OSError, SessionFileError) as e:
+        return _fail(learner.EXIT_USAGE, f"learn: {e}")
+    writes = []
+    for path in args.write:
+        real = os.path.realpath(path)
+        home = learner.own_home()
+        why = "never /" if real == "/" else exclude.refusal(real, exclude.excluded(home, [], []))
+        if why or real in exclude.homes(None):
+            return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why or 'a home directory'})")
+        writes.append(real)
+    cwd = os.path.realpath(args.cwd) if args.cwd else None
+    # Absolute, as --write and --cwd: learning excludes it, walking up from it to /.
+    state_root = os.path.realpath(args.state_root) if args.state_root else None
+    if cwd is not None and not os.path.isdir(cwd):
+        return _fail(learner.EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
+    session_text = ", ".join(r["method"] + (f" {r['params'].get('name')}" if r["method"] == "tools/call" else "")
+                             for r in plan)
+    opts = learner.Options(command=command, name=args.name, out=args.out,
+                           session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
+                           inherit_env=args.inherit_env, state_root=state_root, rounds=args.rounds,
+                           timeout=args.timeout, keep=args.keep)
+    return run(opts)
+
+
+def run(opts: learner.Options) -> int:
+    """Learn, write the manifest, say how it went; the exit code."""
+    from . import learner
+    if not os.path.isfile(learner.STRACE):
+        return _fail(learner.EXIT_FAILED, f"learn needs strace ({learner.STRACE}): apt-get install strace")
+    started = time.monotonic()
+    try:
+        one = learner.Learner(opts)
+    except learner.LearnError as e:
+        return _fail(e.code, str(e))
+    try:
+        text, proposal, validated = one.learn()
+        _write(opts.out, text)
+    except learner.runner.RunFailed as e:
+        return _fail(learner.EXIT_UNAVAILABLE if e.unavailable else learner.EXIT_FAILED, f"learn: {e}")
+    except (learner.LearnError, OSError) as e:
+        return _fail(e.code if isinstance(e, learner.LearnError) else learner.EXIT_FAILED, f"learn: {e}")
+    finally:
+        one.close()
+    for line in learner.summary(one, proposal, validated, time.monotonic() - started):
+        print(line, file=sys.stderr)
+    if opts.out != "-":
+        print(f"  written: {opts.out}", file=sys.stderr)
+    return learner.EXIT_OK if validated else learner.EXIT_NOT_VALIDATED
+
+
+def _write(out: str, text: str) -> None:
+    if out == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+
+
+def parse_env(pairs: Sequence[str]) -> Mapping[str, str]:
+    from . import learner
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise learner.LearnError(f"--env: expected NAME=VALUE, got {pair!r}", learner.EXIT_USAGE)
+        out[key] = value
+    return out
