@@ -66,11 +66,7 @@ class Resolver:
                 elif e.errno != errno.ELOOP:  # ELOOP: a link on the way, walked below
                     raise
             else:
-                try:
-                    st = os.fstat(fd)
-                except BaseException:
-                    os.close(fd)
-                    raise
+                st = _fstat(fd)
                 # O_PATH|O_NOFOLLOW opens a last component that is a link as
                 # the link itself, even under RESOLVE_NO_SYMLINKS.
                 if not stat.S_ISLNK(st.st_mode):
@@ -92,11 +88,7 @@ class Resolver:
             while todo:
                 name = todo.pop()
                 nfd = os.open(name, _FLAGS, dir_fd=fd)
-                try:
-                    nst = os.fstat(nfd)
-                except BaseException:
-                    os.close(nfd)
-                    raise
+                nst = _fstat(nfd)
                 if not stat.S_ISLNK(nst.st_mode):
                     os.close(fd)
                     fd, st = nfd, nst
@@ -151,3 +143,12 @@ def writable_inodes(grants: list[tuple[str, str]]) -> dict[Inode, str]:
         os.close(opened.fd)
         out.setdefault((opened.st.st_dev, opened.st.st_ino), path)
     return out
+
+
+def _fstat(fd: int) -> os.stat_result:
+    """fstat, closing fd if even that fails."""
+    try:
+        return os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
