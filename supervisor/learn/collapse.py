@@ -107,6 +107,15 @@ def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
 def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> None:
     """One path access: dropped (learn's own, covered), refused, proposed, or wanted."""
     path = a.path
+    if a.kind != CONNECT_UNIX:
+        # What the user gave with --write (never a secret: the command
+        # checked) is granted as given, writable, even inside a home.
+        if a.kind == CREATE and any(os.path.dirname(f) == path for f in layout.write_files):
+            return   # an O_CREAT open of a --write file that was there: a CREATE names the directory
+        given = next((w for w in layout.writable if within(path, w)), None)
+        if given is not None:
+            _want(wants, given, {R, W, X} if a.kind == EXEC else {R, W}, "given with --write", a)
+            return
     why = refusal(path, layout.excluded)
     if why:
         p.refused.setdefault(f"{a.kind} {path}", why)
@@ -118,18 +127,14 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
     if within(path, layout.area) or within(path, layout.scratch):
         return   # the caches its profile keeps beside the state directory, or learn's own files
     if a.kind in WRITE_KINDS:
-        if a.kind == CREATE and any(os.path.dirname(f) == path for f in layout.write_files):
-            # An O_CREAT open of a --write file that was there (a CREATE
-            # names the directory): the file's own grant covers it.
-            return
-        root = next((w for w in (*layout.writable, "/tmp") if within(path, w)), None)
-        if root is not None and root not in layout.writable and _unsafe(root, layout):
+        root = "/tmp" if within(path, "/tmp") else None
+        if root is not None and _unsafe(root, layout):
             root = path if not _unsafe(path, layout) else None   # /tmp holds a home: only where it wrote
         if root is None:
             p.writes.setdefault(path, describe(a))
         else:
-            _want(wants, root, {R, W}, "given with --write" if root in layout.writable else
-                  "/tmp, where learning let it write" if root == "/tmp" else "where it wrote, in /tmp", a)
+            _want(wants, root, {R, W}, "/tmp, where learning let it write" if root == "/tmp" else
+                  "where it wrote, in /tmp", a)
         return
     if a.kind == CONNECT_UNIX:
         p.connect_unix.setdefault(path, describe(a))
@@ -139,10 +144,6 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         p.optional.setdefault(quiet, describe(a))
         return
     rights = {R, X} if a.kind == EXEC else {R}
-    given = next((w for w in layout.writable if within(path, w)), None)
-    if given is not None:   # what it was given is granted as given (writable), never its directory
-        _want(wants, given, rights | {W}, "given with --write", a)
-        return
     for name in (*p.profiles, *OPTIONAL_PROFILES):
         if _covers(layout.fragments.get(name, {}), path, rights):
             if name not in p.profiles:

@@ -53,6 +53,7 @@ def _fail(code: int, message: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """The options checked, then the rounds (run)."""
+    from .. import secrets
     from . import exclude, learner
     from .session import SessionFileError, requests
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -72,12 +73,16 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, SessionFileError) as e:
         return _fail(learner.EXIT_USAGE, f"learn: {e}")
     writes = []
+    homes = tuple(exclude.homes(None))
     for path in args.write:
+        # What the user gives explicitly may be inside a home, never a home
+        # (nor a directory holding one) or a location holding secrets.
         real = os.path.realpath(path)
-        home = learner.own_home()
-        why = "never /" if real == "/" else exclude.refusal(real, exclude.excluded(home, [], []))
-        if why or real in exclude.homes(None):
-            return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why or 'a home directory'})")
+        why = ("never /" if real == "/" else
+               "a home directory, or a directory holding one" if any(secrets.within(h, real) for h in homes)
+               else "a location holding secrets" if secrets.secret(real, homes) else None)
+        if why:
+            return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why})")
         writes.append(real)
     cwd = os.path.realpath(args.cwd) if args.cwd else None
     # Absolute, as --write and --cwd: learning excludes it, walking up from it to /.

@@ -21,8 +21,11 @@ class Excluded:
 
 
 def homes(own: str | None) -> list[str]:
-    """Every home directory of a person or of root, but `own` (the server's)."""
+    """Every home directory of a person or of root, but `own` (the server's);
+    the invoking user's $HOME among them, wherever it is (passwd may not
+    know it)."""
     found = {pw.pw_dir for pw in pwd.getpwall() if pw.pw_uid == 0 or 1000 <= pw.pw_uid < 60000}
+    found.add(os.path.realpath(os.environ.get("HOME") or "/"))
     try:
         found |= {os.path.join("/home", n) for n in os.listdir("/home")}
     except OSError:

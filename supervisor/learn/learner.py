@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import ids, profiles, secrets
+from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
 from . import exclude, execs, render, runner
@@ -159,16 +159,7 @@ class Learner:
         projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
         projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
         excluded = exclude.excluded(home, projects, {self.real_state_root, default_state_root()})
-        # The invoking user's $HOME is a home too, wherever it is (passwd
-        # may not know it): never granted whole, nor a directory holding it,
-        # and its secret locations never read.
-        invoker = os.path.realpath(os.environ.get("HOME") or "/")
-        extra: tuple[str, ...] = ()
-        if invoker != "/" and os.path.isdir(invoker) and invoker != home:
-            extra = (invoker,)
-            excluded += [e for e in exclude.excluded(invoker, (), ()) if e not in excluded
-                         and secrets.within(e.path, invoker)]
-        homes = tuple(sorted({*exclude.homes(None), *extra}))
+        homes = tuple(exclude.homes(None))
         return Layout(cwd=self.opts.cwd or self.state_dir, state_dir=self.state_dir, area=self.area,
                       scratch=self.scratch, home=home, writable=tuple(self.opts.writes),
                       write_files=tuple(w for w in self.opts.writes if os.path.isfile(w)),

@@ -125,6 +125,8 @@ def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny) -> None:
 
 @pytest.mark.parametrize("args,message", [
     (["--write", "/", "--", "/usr/bin/true"], "never /"),
+    (["--write", "/root", "--", "/usr/bin/true"], "a home directory, or a directory holding one"),
+    (["--write", "/root/.ssh", "--", "/usr/bin/true"], "a location holding secrets"),
     ([], "no command"),
     (["--", "no-such-program-here"], "not an executable file"),
     (["--call", "x", "{not json", "--", "/usr/bin/true"], "not JSON"),

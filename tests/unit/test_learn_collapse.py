@@ -144,3 +144,12 @@ def test_a_home_under_tmp_keeps_tmp_writes_exact_and_a_write_file_needs_no_creat
     p = collapse([Access("create", "/tmp/h/kg"), Access("write", "/tmp/h/kg/m.jsonl"),
                   Access("create", "/tmp/other")], layout)
     assert grants(p) == {("read_write_noexec", "/tmp/h/kg/m.jsonl"), ("read_write_noexec", "/tmp/other")}
+
+
+def test_a_write_path_inside_an_excluded_home_is_granted_as_given() -> None:
+    from dataclasses import replace
+    layout = replace(LAYOUT, writable=("/home/bob/shared",))
+    p = collapse([Access("read", "/home/bob/shared/a"), Access("create", "/home/bob/shared"),
+                  Access("read", "/home/bob/notes")], layout)
+    assert grants(p) == {("read_write_noexec", "/home/bob/shared")}
+    assert set(p.refused) == {"read /home/bob/notes"}
