@@ -253,22 +253,13 @@ def test_run_says_the_supervisor_shut_down(lab):
     on stderr saying why (a client otherwise sees its server gone mutely)."""
     lab.stock()
     svr = lab.start()
-    proc = subprocess.Popen([PYTHON, "-m", "supervisor", "run", "--socket", str(svr.socket_path), "sh", "--",
-                             "echo up; exec sleep 100"], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with _running(["run", "--socket", str(svr.socket_path)], "echo up; exec sleep 100") as proc:
         assert read_line(proc.stdout.fileno(), 10) == b"up\n"
         svr.signal(signal.SIGTERM)
         assert proc.wait(10) == 143
         assert proc.stderr.read().decode().splitlines()[-1] == \
             "landlock-supervisor: sh was stopped: the supervisor is shutting down"
         assert svr.proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
     svr.stop()
 
 
