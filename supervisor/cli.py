@@ -23,17 +23,7 @@ _ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of u
               "Without this option such a manifest is refused (logged) and the others load")
 
 
-def _parser() -> argparse.ArgumentParser:
-    from .learn import command as learn_command
-    p = argparse.ArgumentParser(prog="landlock-supervisor",
-                                description="A single-threaded fork-server that starts stdio servers "
-                                            "confined by Landlock, with a client's own fds as their stdio.")
-    socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
-                   "as root, else landlock-supervisor/socket in $XDG_RUNTIME_DIR or /run/user/UID")
-    p.add_argument("--socket", metavar="PATH", help=socket_help)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run the fork-server")
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--manifests", action="append", required=True, metavar="PATH",
                        help="a manifest file or a directory of *.yaml (repeatable)")
     serve.add_argument("--allow-uid", action="append", type=int, default=[], metavar="UID")
@@ -62,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
 
-    run = sub.add_parser("run", help="spawn NAME with this process's stdio and wait for it")
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--manifests", action="append", default=[], metavar="PATH",
                      help="with no supervisor running, start a private one with these")
     run.add_argument("--env", action="append", default=[], metavar="NAME",
@@ -73,21 +64,72 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("name")
     run.add_argument("args", nargs=argparse.REMAINDER)
 
-    sub.add_parser("ping", help="is the supervisor there?")
-    sub.add_parser("list", help="manifests and running children")
-    sub.add_parser("stats", help="counters, fds, memory")
-    denials = sub.add_parser("denials", help="recent kernel denials (the supervisor's owner: all sessions')")
+
+def _denials_arguments(denials: argparse.ArgumentParser) -> None:
     denials.add_argument("--follow", action="store_true", help="then each new one as it comes")
     denials.add_argument("--json", action="store_true", help="JSON, one object a line")
 
-    check = sub.add_parser("check", help="what each manifest really gets on this kernel")
+
+def _check_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("--manifests", action="append", default=[], metavar="PATH")
     check.add_argument("--state-root", metavar="DIR")
     check.add_argument("--json", action="store_true")
     check.add_argument("--profiles", action="store_true", help="list the built-in profiles")
     check.add_argument("manifest", nargs="*", help="manifest files (or use --manifests)")
-    learn_command.add_parser(sub)
-    for parser in sub.choices.values():
+
+
+def _learn_arguments(learn: argparse.ArgumentParser) -> None:
+    from .learn import command as learn_command
+    learn_command.add_arguments(learn)
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+# Each command, its help and what declares its arguments.
+_COMMANDS = {
+    "serve": ("run the fork-server", _serve_arguments),
+    "run": ("spawn NAME with this process's stdio and wait for it", _run_arguments),
+    "ping": ("is the supervisor there?", _no_arguments),
+    "list": ("manifests and running children", _no_arguments),
+    "stats": ("counters, fds, memory", _no_arguments),
+    "denials": ("recent kernel denials (the supervisor's owner: all sessions')", _denials_arguments),
+    "check": ("what each manifest really gets on this kernel", _check_arguments),
+    "learn": ("learn a server's manifest from confined, traced runs of an MCP session", _learn_arguments),
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command argv names, found past `--socket PATH`; None when an
+    option comes first (-h: every command's arguments are declared)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--socket":
+            i += 2
+        elif argv[i].startswith("--socket="):
+            i += 1
+        else:
+            return None if argv[i].startswith("-") else argv[i]
+    return None
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line, with the arguments of `command` alone when it is
+    one of ours: declaring all of them (learn's module included) took ~4 ms
+    of every start, twice in private mode."""
+    p = argparse.ArgumentParser(prog="landlock-supervisor",
+                                description="A single-threaded fork-server that starts stdio servers "
+                                            "confined by Landlock, with a client's own fds as their stdio.")
+    socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
+                   "as root, else landlock-supervisor/socket in $XDG_RUNTIME_DIR or /run/user/UID")
+    p.add_argument("--socket", metavar="PATH", help=socket_help)
+    sub = p.add_subparsers(dest="command", required=True)
+    everything = command not in _COMMANDS
+    for name, (help_text, declare) in _COMMANDS.items():
+        parser = sub.add_parser(name, help=help_text)
+        if everything or name == command:
+            declare(parser)
         parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
     return p
 
@@ -98,7 +140,9 @@ def _fail(code: int, message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = _parser(_command_of(argv)).parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
@@ -113,15 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if args.manifests and args.socket:
             return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
-        wakeup = _catch_signals()
         private = None
         if args.manifests:
-            from .private_boot import launch
-            try:
-                private = launch(args.manifests, state_root=args.state_root, only=args.name,
-                                 extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
+            from . import private_boot
+            try:   # (a fork: no thread runs yet, and none will before it)
+                private = private_boot.fork(args.manifests, state_root=args.state_root, only=args.name,
+                                            extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
             except OSError as e:
                 return _fail(1, f"cannot start a private supervisor: {e}")
+        wakeup = _catch_signals()
     import json
 
     from . import client as clients

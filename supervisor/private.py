@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from collections.abc import Sequence
 
 from . import protocol
@@ -72,7 +71,7 @@ def connect(booting: Booting) -> PrivateClient:
 
 
 def start(manifests: Sequence[str] | str, *, state_root: str | None = None, only: str | None = None,
-          python: str = sys.executable, extra_args: Sequence[str] = ()) -> PrivateClient:
+          extra_args: Sequence[str] = ()) -> PrivateClient:
     """Start a private supervisor for these manifests (only: the one of that
     name, the others read for their name alone); call early in main()."""
-    return connect(launch(manifests, state_root=state_root, only=only, python=python, extra_args=extra_args))
+    return connect(launch(manifests, state_root=state_root, only=only, extra_args=extra_args))

@@ -1,7 +1,7 @@
 """`landlock-supervisor learn`: its options, checked into learner.Options, and the run that writes the manifest.
 
-Imported to build the command's parser: what learning needs is imported
-when it runs, not by every other subcommand.
+Imported to declare the command's arguments: what learning needs is
+imported when it runs.
 """
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ if TYPE_CHECKING:
     from . import learner
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    learn = sub.add_parser("learn", help="learn a server's manifest from confined, traced runs of an MCP session",
-                           description="Runs COMMAND under strace, confined by a learning policy, as the uid "
-                                       "the supervisor will give it, drives an MCP session, and writes a "
-                                       "commented manifest validated by confined runs of the same session. "
-                                       "Exit 0: validated; 4: written, not validated; 1: failed; 2: usage; "
-                                       "3: Landlock unavailable.")
+def add_arguments(learn: argparse.ArgumentParser) -> None:
+    learn.description = ("Runs COMMAND under strace, confined by a learning policy, as the uid the supervisor "
+                         "will give it, drives an MCP session, and writes a commented manifest validated by "
+                         "confined runs of the same session. Exit 0: validated; 4: written, not validated; "
+                         "1: failed; 2: usage; 3: Landlock unavailable.")
     learn.add_argument("--name", help="the manifest's name (default: from the command)")
     learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
     learn.add_argument("--session", metavar="FILE",

@@ -1,4 +1,4 @@
-"""Spawning the zygote, apart from waiting for it: os, socket and sys only.
+"""Spawning the zygote, apart from waiting for it: light to import.
 
 A private supervisor spawns its zygote before it imports the server's
 modules and loads its manifest (cli._serve, early.prepare first): the fresh
@@ -7,14 +7,15 @@ ZygoteProcess.start reads its Ready later. A daemon does both at once.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
-import sys
 from typing import NamedTuple
 
+from .. import interpreter
+
 REQUESTS_FD, EVENTS_FD = 3, 4   # messages.REQUESTS_FD, EVENTS_FD (not imported here: checked in process)
-_BOOT = "import sys; sys.path[:0] = sys.argv[1:]; from supervisor.zygote import main; main.main()"
+ENTRY = "from supervisor.zygote import main; main.main()"
+IMPORTS = ("supervisor", "landlock", "prctl", "_prctl")
 
 
 class Booting(NamedTuple):
@@ -33,21 +34,6 @@ class Booting(NamedTuple):
             pass
 
 
-def _origin(module: str) -> str:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ImportError(f"no module {module}")
-    return spec.origin
-
-
-def import_paths() -> list[str]:
-    """The zygote runs with -S: no site, so no site-packages; where each of
-    its imports lives, instead (found without importing them here)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the supervisor package
-    return list(dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in (
-        here, os.path.dirname(_origin("landlock")), _origin("prctl"), _origin("_prctl"))))
-
-
 def launch() -> Booting:
     """Spawn the zygote with its two channels on fds 3 and 4 (zygote.messages)."""
     kind = socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
@@ -57,7 +43,8 @@ def launch() -> Booting:
         # A fresh interpreter, not a fork of ours: small, and nothing of
         # the supervisor's in it. Its own session: a terminal's ^C is the
         # supervisor's to handle. No environment: children get theirs.
-        pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, *import_paths()], {},
+        argv = interpreter.argv(ENTRY, IMPORTS)
+        pid = os.posix_spawn(argv[0], argv, {},
                              file_actions=[(os.POSIX_SPAWN_DUP2, their_requests.fileno(), REQUESTS_FD),
                                            (os.POSIX_SPAWN_DUP2, their_events.fileno(), EVENTS_FD)],
                              setsid=True, setsigmask=())

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import supervisor
+from supervisor import procfs
 from supervisor.client import NoSuchManifest, SpawnFailed
 from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
                        spawn_bg, state, unix_socket_paths, wait_until)
@@ -99,6 +101,57 @@ def test_private_server_holds_none_of_the_proxys_fds(lab):
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+@pytest.mark.timeout(30)
+def test_runs_private_supervisor_holds_none_of_runs_fds(lab):
+    """`run --manifests` forks its private supervisor: that keeps only its
+    stderr and its control channel, never an fd the MCP client gave `run`
+    (its stdin/stdout pipes, an inheritable pipe)."""
+    lab.stock()
+    r, w = os.pipe()
+    proc = subprocess.Popen([PYTHON, "-m", "supervisor", "run", "--allow-root-servers", "--manifests",
+                             str(lab.manifest_dir), "sh", "--", "echo up; exec sleep 100"], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[w])
+    try:
+        assert read_line(proc.stdout.fileno(), 10) == b"up\n"
+        [server] = [p for p in procfs.children_of(proc.pid)]
+        theirs = {}
+        for fd in os.listdir(f"/proc/{server}/fd"):
+            with contextlib.suppress(OSError):
+                theirs[int(fd)] = os.readlink(f"/proc/{server}/fd/{fd}")
+        given = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (0, 1, w)}
+        assert not given & set(theirs.values()), theirs
+        assert theirs[0] == theirs[1] == "/dev/null" and theirs[3].startswith("socket:"), theirs
+    finally:
+        proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            f.close()
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["run", "library"])
+def test_private_supervisor_imports_nothing_from_the_working_directory(lab, tmp_path, how):
+    """A `yaml.py` in the MCP client's project directory is not imported by
+    the private supervisor (as root, code run as root): `run` as its console
+    script starts it, and a proxy's private.start() from there."""
+    lab.stock()
+    marker = tmp_path / "imported"
+    for name in ("yaml", "prctl", "landlock"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(9)\n")
+    if how == "run":
+        argv = [str(Path(PYTHON).parent / "landlock-supervisor"), "run", "--allow-root-servers", "--manifests",
+                str(lab.manifest_dir), "sh", "--", "echo ok"]
+    else:
+        code = ("import sys; from supervisor import private; c = private.start(sys.argv[1], "
+                "extra_args=['--allow-root-servers']); print(c.ping()['event']); c.close()")
+        argv = [PYTHON, "-I", "-c", code, str(lab.manifest_dir)]
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=20)
+    assert not marker.exists(), r
+    assert r.returncode == 0 and r.stdout in (b"ok\n", b"pong\n"), r
 
 
 @pytest.mark.timeout(30)

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from landlock import enter
+from supervisor import interpreter
 from supervisor.zygote import boot, child, messages
 
 # What the zygote's entry may load beyond a bare `python -I -S`: C modules,
@@ -28,15 +29,15 @@ BUDGET_STDLIB = {"__future__", "_collections", "_collections_abc", "_ctypes", "_
 
 
 def _modules(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"{code}; import sys; print(' '.join(sys.modules))",
-                          *boot.import_paths()], capture_output=True, text=True, env={}, check=True)
+    out = subprocess.run(interpreter.argv(f"{code}; import sys; print(' '.join(sys.modules))", boot.IMPORTS),
+                         capture_output=True, text=True, env={}, check=True)
     return set(out.stdout.split())
 
 
 def test_zygote_import_budget():
     """As zygote.boot starts it, the zygote's entry loads nothing more."""
-    entry = boot._BOOT.replace("main.main()", "main")   # imported, not run
-    loaded = _modules(entry) - _modules("import sys; sys.path[:0] = sys.argv[1:]")
+    entry = boot.ENTRY.replace("main.main()", "main")   # imported, not run
+    loaded = _modules(entry) - _modules("pass")
     ours = {name for name in loaded if name.split(".")[0] in ("supervisor", "landlock", "prctl", "_prctl")}
     assert ours == BUDGET_OURS
     assert loaded - ours <= BUDGET_STDLIB, sorted(loaded - ours - BUDGET_STDLIB)

@@ -1,0 +1,44 @@
+"""A fresh interpreter of ours, `python -I -S`: the argv that starts one, in os and sys alone.
+
+The zygote and a private supervisor are such interpreters. -I: neither the
+working directory nor PYTHON* variables nor the user's site reach sys.path,
+so a `yaml.py` in an MCP client's project directory is not what a private
+supervisor imports. -S: no site and its start-up; the directories holding
+the modules it needs come on its command line instead, found the way this
+process finds them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from importlib.machinery import PathFinder   # (importlib.util would load contextlib & co: ~3 ms)
+
+# argv[1] is how many import directories follow; the code sees argv[0] and
+# its own arguments only.
+_PROLOGUE = "import sys; n = int(sys.argv[1]); sys.path[:0] = sys.argv[2:2 + n]; del sys.argv[1:2 + n]; "
+
+
+def import_paths(modules: Iterable[str]) -> list[str]:
+    """The directory each module (or package) is imported from: where it
+    was, when loaded already, else where our sys.path has it."""
+    out = []
+    for name in modules:
+        loaded = sys.modules.get(name)
+        origin = getattr(loaded, "__file__", None)
+        if origin is None:
+            spec = PathFinder.find_spec(name)
+            if spec is None or spec.origin is None:
+                raise ImportError(f"no module {name}", name=name)
+            origin = spec.origin
+        directory = os.path.dirname(os.path.abspath(origin))
+        if os.path.basename(origin).startswith("__init__."):
+            directory = os.path.dirname(directory)   # a package: the directory holding it
+        out.append(directory)
+    return list(dict.fromkeys(out))
+
+
+def argv(code: str, modules: Iterable[str], args: Sequence[str] = ()) -> list[str]:
+    """`python -I -S -c CODE ARGS...` able to import these modules."""
+    paths = import_paths(modules)
+    return [sys.executable, "-I", "-S", "-c", _PROLOGUE + code, str(len(paths)), *paths, *args]
