@@ -15,13 +15,16 @@ import signal as signals
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
 from . import _client_core as core
 from . import protocol
 from ._client_core import (ConfinementUnavailable, NoSuchManifest, RefusedPeer, SpawnFailed, SupervisorError,
                            error_from, shell_status)
 from .paths import default_socket_path
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Child", "Client", "ConfinementUnavailable", "NoSuchManifest", "RefusedPeer", "SpawnFailed",
            "SupervisorError", "connect_path", "error_from", "shell_status"]

@@ -11,7 +11,10 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = "landlock-supervisor: "
 

@@ -11,9 +11,12 @@ import json
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 from .errors import Code, SupervisorError
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 MAX_MESSAGE = 64 * 1024
