@@ -7,7 +7,6 @@ are put on symlink targets: Landlock binds a rule to the inode it opens.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -84,6 +83,7 @@ def _real(*paths: str) -> list[str]:
 
 
 def _program(name: str, env: Mapping[str, str]) -> str | None:
+    import shutil   # here: ~1.7 ms of a private supervisor's start when no profile looks a program up
     found = shutil.which(name, path=env.get("PATH", os.defpath))
     return os.path.realpath(found) if found else None
 

@@ -115,8 +115,9 @@ class Supervisor:
         table = None
         if os.geteuid() == 0 and self.config.state_root:
             table = ids.Table(self.config.state_root, self.config.dynamic_uids)
+        parsed = state.parsed_directory(self.config.state_root, log) if self.config.state_root else None
         loaded = manifests.load_all(self.config.manifest_paths, only=self.config.only, warn=log,
-                                    state_root=self.config.state_root,
+                                    state_root=self.config.state_root, parsed=parsed,
                                     dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
         out = {}
         for m in loaded.values():

@@ -3,6 +3,7 @@
     <state root>/servers/<name>/        the area: the supervisor's, the server cannot write it
         state/                          $STATE_DIR, the default cwd (the server's)
         npm-cache/ uv-cache/ uv-tools/  profile caches (the server's), siblings of state
+    <state root>/parsed/                manifests the supervisor parsed (manifest_file.read)
 
 A grant inside a directory its server may write can be swapped for a
 symlink before the next spawn's rules are built; siblings in a directory
@@ -43,6 +44,17 @@ def prepare(m: Manifest, log: Callable[[str], None]) -> bool:
         log(f"{m.source}: refused: state directory: {e.filename or ''}: {e.strerror or e}")
         return False
     return True
+
+
+def parsed_directory(state_root: str, log: Callable[[str], None]) -> str | None:
+    """<state root>/parsed, the supervisor's own; None (logged) when it
+    cannot be: every manifest is then parsed anew."""
+    try:
+        os.close(_own_dir(state_root, "parsed"))
+    except (OSError, Refused) as e:
+        log(f"manifests are parsed anew each time: {e}")
+        return None
+    return os.path.join(state_root, "parsed")
 
 
 def owner(m: Manifest) -> tuple[int, int]:
