@@ -18,6 +18,7 @@ from .spec import SpecError
 
 @dataclass(frozen=True)
 class Credentials:
+    """The uid, gid and groups a child switches to."""
     uid: int
     gid: int
     groups: tuple[int, ...]

@@ -8,6 +8,7 @@ from typing import Any
 
 @dataclass
 class Report:
+    """What was actually enforced on a child (the seed's Report, and more)."""
     # The seed's fields. abi: the Landlock ABI enforced (>= 1), 0 when
     # Landlock was not asked for (unrestricted filesystem and network),
     # -1 when it is unavailable (only possible under best_effort).

@@ -39,6 +39,7 @@ class SymlinkInsideWritable(SpecError):
 
 @dataclass
 class Opened:
+    """A rule path opened without following links inside a writable grant."""
     fd: int                  # O_PATH fd of what the path names, the caller closes it
     st: os.stat_result
     trailing_link: bool      # the path ends in a symlink (followed: outside every grant)

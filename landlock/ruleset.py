@@ -26,6 +26,7 @@ PathIdentity = tuple[str, Inode | None, bool]
 
 @dataclass
 class Ruleset:
+    """A built Landlock ruleset, its report, and the inodes its rules were bound to."""
     fd: int                 # -1: nothing to enforce (unrestricted, or best effort)
     restrict_flags: int
     report: Report

@@ -30,6 +30,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Rlimit:
+    """One resource limit: its name (NOFILE...), soft and hard values."""
     name: str
     soft: int
     hard: int

@@ -11,6 +11,7 @@ from . import rights, syscalls
 
 @dataclass(frozen=True)
 class Support:
+    """What this kernel offers Landlock-wise: its ABI, errata, usable features."""
     kernel_abi: int          # what the kernel reports (0: no Landlock)
     abi: int                 # what this library uses: kernel_abi capped by max_abi
     errata: int

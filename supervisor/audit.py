@@ -44,6 +44,7 @@ NOT_VISIBLE = "; `landlock-supervisor learn` writes a manifest from a traced run
 
 @dataclass
 class Mode:
+    """How denials are seen: off, count or detail, why, and the host settings to restore."""
     name: str                 # off, count, detail
     reason: str = ""          # why off, when it is
     panic: bool = False       # failure=2: a lost record panics the host

@@ -32,6 +32,7 @@ Retry = tuple[Launch, list[int]]
 
 @dataclass
 class Session:
+    """A spawned child, from its request to its reaping: its client, error pipe, exit, session gid, denials."""
     pid: int
     manifest: Manifest
     conn: Connection | None

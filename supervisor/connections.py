@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Connection:
+    """One client connection: its socket, its peer, the session it spawned."""
     sock: socket.socket
     peer: peers.Peer
     control: bool = False          # private mode's control channel

@@ -10,6 +10,7 @@ RLIMITS = tuple(range(16))   # RLIMIT_CPU .. RLIMIT_RTTIME
 
 @dataclass
 class Limits:
+    """What the supervisor allows: children, connections, deadlines, request sizes."""
     children: int = 256           # in total
     children_per_uid: int = 64
     connections: int = 512

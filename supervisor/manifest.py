@@ -36,6 +36,7 @@ _NETWORK_KEYS = {*PORT_KEYS, "unrestricted"}
 
 @dataclass(frozen=True)
 class Manifest:
+    """A loaded manifest: what to run, as whom, in which confinement; immutable."""
     name: str
     source: str
     command: str                     # absolute, resolved at load time

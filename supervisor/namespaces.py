@@ -60,6 +60,7 @@ def _why(e: OSError) -> str:
 
 @dataclass
 class Isolation:
+    """The namespaces a root supervisor entered, and its passwd/group files for dynamic users."""
     log: Callable[[str], None]
     directory: str | None               # where our passwd and group files live
     mounts: bool = False

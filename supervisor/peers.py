@@ -15,6 +15,7 @@ _UCRED = struct.Struct("3i")
 
 @dataclass
 class Peer:
+    """A client as the kernel shows it (SO_PEERCRED), its pid pinned by a pidfd."""
     pid: int
     uid: int
     gid: int

@@ -33,6 +33,7 @@ UV_BOUNDS = {"UV_HTTP_RETRIES": "1", "UV_HTTP_CONNECT_TIMEOUT": "5", "UV_HTTP_TI
 
 @dataclass(frozen=True)
 class Context:
+    """What a profile is built from: the child's environment, its state, its command."""
     env: Mapping[str, str]      # the child's environment as the manifest builds it
     state_dir: str | None
     command: str
@@ -48,6 +49,7 @@ class Context:
 
 @dataclass
 class Fragment:
+    """What profiles add to a manifest: path rules, environment, warnings, quiet paths."""
     paths: PathClasses = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -42,6 +42,7 @@ POOL_IDLE = 300.0
 
 @dataclass
 class Config:
+    """A supervisor's start-up options (serve's command line, or a private supervisor's)."""
     manifest_paths: list[str]
     socket_path: str | None = None
     listen_fd: int | None = None    # systemd socket activation

@@ -32,6 +32,7 @@ _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on noth
 
 @dataclass
 class Launch:
+    """One child to start: program, argv, environment, cwd, umask, confinement, pool, session gid."""
     program: str
     argv: list[str]
     env: dict[str, str]
