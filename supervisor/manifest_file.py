@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 MAX_MANIFEST_BYTES = 256 * 1024
 _KEPT_BYTES = 8 * MAX_MANIFEST_BYTES   # an entry: the text and its document, JSON-escaped
+_KEPT_ENTRIES = 256                    # the least recently written go (one per manifest path ever parsed)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -90,9 +91,20 @@ def _keep(entry: str, text: str, document: Any) -> None:
         with open(fd, "wb") as f:
             f.write(data.encode())
         os.replace(partial, entry)
+        _prune(os.path.dirname(entry))
     except OSError:
         try:
             os.unlink(partial)
+        except OSError:
+            pass
+
+
+def _prune(directory: str) -> None:
+    with os.scandir(directory) as it:
+        entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in it]
+    for _, path in sorted(entries)[:-_KEPT_ENTRIES]:
+        try:
+            os.unlink(path)
         except OSError:
             pass
 

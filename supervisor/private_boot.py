@@ -1,11 +1,12 @@
-"""Spawning a private supervisor apart from connecting to it: light to import.
+"""Starting a private supervisor apart from connecting to it: light to import.
 
-`run --manifests` spawns it as soon as its arguments are parsed, before it
-imports the client (private.connect): the new interpreter's start-up (its
-imports, PyYAML, the manifest: most of private mode's cost) then runs beside
-the rest of `run`'s own on the other core. It is a `python -I -S`
-(supervisor.interpreter): nothing of the client's working directory or
-PYTHON* variables is imported by it.
+Two ways to one `serve`. launch() spawns a fresh `python -I -S`
+(supervisor.interpreter) for any proxy, which may have threads: nothing of
+its working directory or PYTHON* variables is imported there. fork() is
+`run --manifests`'s, at the top of its main before any thread and before it
+imports its client: the supervisor's start-up (its imports, the manifest)
+then runs beside the rest of `run`'s own on the other core, without a
+second interpreter's.
 """
 from __future__ import annotations
 

@@ -120,3 +120,20 @@ def test_a_grant_holding_the_state_root_is_warned_about(tmp_path, granted, warne
     source.write_text(f"command: /bin/true\nuser: nobody\nsandbox: {{read_write: [{path}]}}\n")
     m = manifest.load(str(source), state_root=str(root))
     assert any("holds the supervisor's state root" in w for w in m.warnings) == warned, m.warnings
+
+
+@pytest.mark.timeout(20)
+def test_entries_are_bounded(kept, tmp_path, monkeypatch):
+    """One entry per manifest path ever parsed: the least recently written go."""
+    _, directory = kept
+    monkeypatch.setattr(manifest_file, "_KEPT_ENTRIES", 5)
+    for i in range(9):
+        source = tmp_path / f"m{i}.yaml"
+        source.write_text(f"command: /bin/true\nargs: [{i}]\n")
+        manifest_file.read(str(source), directory)
+        os.utime(_newest(directory), ns=(i * 10**9, i * 10**9))
+    assert sorted(n.split("-")[0] for n in os.listdir(directory)) == [f"m{i}.yaml" for i in range(4, 9)]
+
+
+def _newest(directory: str) -> str:
+    return max((os.path.join(directory, n) for n in os.listdir(directory)), key=os.path.getctime)
