@@ -1,8 +1,10 @@
 """Private mode: a proxy's own fork-server, joined to it by a socketpair alone.
 
-No socket file exists, so no confined child can even name it. The server is
-a fresh interpreter (exec, not a fork of the proxy: the proxy may be large
-and have threads), and exits when the proxy's end of the channel closes.
+No socket file exists, so no confined child can even name it. The server
+start() gives a proxy is a fresh `python -I -S` (not a fork of the proxy,
+which may be large and have threads); `run --manifests`, threadless at the
+top of its main, forks its own (private_boot). Either exits when the
+proxy's end of the channel closes.
 """
 from __future__ import annotations
 
