@@ -2,8 +2,10 @@
 
 A supervisor keeps what it parsed (`parsed`, a directory of its own under
 its state root): each entry holds a manifest's text and its document, and
-serves that exact text only. A private supervisor, started by every `run
---manifests`, then neither imports PyYAML (~7 ms) nor parses.
+serves that exact text only, parsed by the same parser (manifest_yaml and
+PyYAML's files as they were: a refusal added later is not skipped). A
+private supervisor, started by every `run --manifests`, then neither
+imports PyYAML (~7 ms) nor parses.
 """
 from __future__ import annotations
 
@@ -42,13 +44,27 @@ def read(source: str, parsed: str | None = None) -> Any:
         where = zlib.crc32(os.path.abspath(source).encode())
         entry = os.path.join(parsed, f"{os.path.basename(source)}-{where:08x}.json")
         kept = _kept(entry)
-        if kept is not None and kept.get("text") == _decoded(text):
+        if kept is not None and kept.get("text") == _decoded(text) and kept.get("parser") == _parser():
             return kept.get("document")
     from .manifest_yaml import parse
     document = parse(source, text)
     if entry is not None and _decoded(text) is not None:
-        _keep(entry, text.decode(), document)
+        _keep(entry, {"text": text.decode(), "parser": _parser(), "document": document})
     return document
+
+
+def _parser() -> str | None:
+    """Which parser: the size and mtime of manifest_yaml's file and of
+    PyYAML's (found, not imported)."""
+    from importlib.machinery import PathFinder
+    yaml = PathFinder.find_spec("yaml")
+    if yaml is None or yaml.origin is None:
+        return None
+    try:
+        stats = [os.stat(os.path.join(os.path.dirname(__file__), "manifest_yaml.py")), os.stat(yaml.origin)]
+    except OSError:
+        return None
+    return " ".join(f"{st.st_size}:{st.st_mtime_ns}" for st in stats)
 
 
 def _decoded(text: bytes) -> str | None:
@@ -76,12 +92,14 @@ def _kept(entry: str) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def _keep(entry: str, text: str, document: Any) -> None:
+def _keep(entry: str, kept: dict[str, Any]) -> None:
     """Written whole (a rename) when JSON gives the document back exactly
     (YAML's dates, sets and non-string keys it does not: parsed each time)."""
+    if kept["parser"] is None:
+        return
     try:
-        data = json.dumps({"text": text, "document": document})
-        if json.loads(data)["document"] != document:
+        data = json.dumps(kept)
+        if json.loads(data)["document"] != kept["document"]:
             return
     except (TypeError, ValueError):
         return

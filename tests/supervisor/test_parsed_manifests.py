@@ -49,12 +49,27 @@ def test_kept_and_used_for_that_text_alone(kept):
 
 
 @pytest.mark.timeout(10)
+def test_another_parser_parses_anew(kept, monkeypatch):
+    """An entry of another manifest_yaml or PyYAML (a refusal added since, say) is not used."""
+    source, directory = kept
+    manifest_file.read(str(source), directory)
+    entry = _entry(directory)
+    data = json.loads(open(entry).read())
+    assert data["parser"] == manifest_file._parser() and data["parser"].count(":") == 2
+    data["document"]["args"] = ["from", "the", "entry"]
+    open(entry, "w").write(json.dumps(data))
+    assert manifest_file.read(str(source), directory)["args"] == ["from", "the", "entry"]
+    monkeypatch.setattr(manifest_file, "_parser", lambda: "another")
+    assert manifest_file.read(str(source), directory)["args"] == ["a", "b"]
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("planted", ["other-uid", "symlink", "not-json", "huge"])
 def test_an_entry_not_as_written_is_parsed_anew(kept, tmp_path, planted):
     source, directory = kept
     manifest_file.read(str(source), directory)
     entry = _entry(directory)
-    forged = json.dumps({"text": TEXT, "document": {"command": "/bin/sh"}})
+    forged = json.dumps({"text": TEXT, "parser": manifest_file._parser(), "document": {"command": "/bin/sh"}})
     os.unlink(entry)
     if planted == "symlink":
         (tmp_path / "elsewhere.json").write_text(forged)
