@@ -24,11 +24,10 @@ UML_HOST_UNFIT = "ptrace set fp regs failed"
 
 def params(run_script: Path) -> list[str]:
     # Values on the kernel command line cannot hold spaces: the guest
-    # command travels as a script path. /tmp gets a tmpfs in the guest
-    # unless that would hide the repository or the cache.
-    keep_tmp = any(p == Path("/tmp") or Path("/tmp") in p.parents
-                   for p in (REPO, CACHE.resolve()))
-    return [f"GUEST_CMD={run_script}", f"MK_KEEP_TMP={int(keep_tmp)}"]
+    # command travels as a script path. /tmp gets a tmpfs in the guest; the
+    # repository and the cache, when under the host's /tmp, are bound back.
+    kept = [str(p) for p in (REPO, CACHE.resolve()) if p == Path("/tmp") or Path("/tmp") in p.parents]
+    return [f"GUEST_CMD={run_script}", f"MK_KEEP_TMP={','.join(kept)}"]
 
 
 def write_run_script(name: str, expect: str, paths: list[str]) -> Path:

@@ -86,9 +86,11 @@ def test_uml_that_cannot_run_on_this_host_is_skipped() -> None:
 
 
 @pytest.mark.parametrize("repo, cache, keep", [
-    ("/srv/repo", "/var/cache/mk", "0"), ("/tmp/repo", "/var/cache/mk", "1"), ("/srv/repo", "/tmp", "1")])
+    ("/srv/repo", "/var/cache/mk", ""), ("/tmp/repo", "/var/cache/mk", "/tmp/repo"), ("/srv/repo", "/tmp", "/tmp"),
+    ("/tmp/r", "/tmp/r/.cache", "/tmp/r,/tmp/r/.cache")])
 def test_guest_params(repo: str, cache: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guest's /tmp stays the host's when it holds the repository or the cache."""
+    """The repository and the cache, when under the host's /tmp, are bound back over the guest's
+    own /tmp (a tmpfs: the tests write there); /tmp itself stays the host's."""
     monkeypatch.setattr(guest, "REPO", Path(repo))
     monkeypatch.setattr(guest, "CACHE", Path(cache))
     assert guest.params(Path("/c/run/x.sh")) == ["GUEST_CMD=/c/run/x.sh", f"MK_KEEP_TMP={keep}"]
