@@ -40,16 +40,17 @@ def read(source: str, parsed: str | None = None) -> Any:
     except OSError as e:
         raise ManifestError(f"{source}: {e.strerror}") from None
     entry = None
-    if parsed is not None:
+    decoded = _decoded(text) if parsed is not None else None   # (not UTF-8: parsed each time)
+    if parsed is not None and decoded is not None:
         where = zlib.crc32(os.path.abspath(source).encode())
         entry = os.path.join(parsed, f"{os.path.basename(source)}-{where:08x}.json")
         kept = _kept(entry)
-        if kept is not None and kept.get("text") == _decoded(text) and kept.get("parser") == _parser():
+        if kept is not None and kept.get("text") == decoded and kept.get("parser") == _parser():
             return kept.get("document")
     from .manifest_yaml import parse
     document = parse(source, text)
-    if entry is not None and _decoded(text) is not None:
-        _keep(entry, {"text": text.decode(), "parser": _parser(), "document": document})
+    if entry is not None:
+        _keep(entry, {"text": decoded, "parser": _parser(), "document": document})
     return document
 
 

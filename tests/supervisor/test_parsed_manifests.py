@@ -152,3 +152,14 @@ def test_entries_are_bounded(kept, tmp_path, monkeypatch):
 
 def _newest(directory: str) -> str:
     return max((os.path.join(directory, n) for n in os.listdir(directory)), key=os.path.getctime)
+
+
+@pytest.mark.timeout(10)
+def test_a_manifest_not_in_utf8_is_parsed_each_time(tmp_path, kept):
+    """YAML may be UTF-16 (with its BOM): read all the same, nothing kept."""
+    _, directory = kept
+    source = tmp_path / "wide.yaml"
+    source.write_bytes("command: /bin/true\n".encode("utf-16"))
+    for _ in range(2):
+        assert manifest_file.read(str(source), directory) == {"command": "/bin/true"}
+    assert [n for n in os.listdir(directory) if n.startswith("wide.yaml")] == []
