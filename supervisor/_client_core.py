@@ -10,10 +10,10 @@ prctl or ctypes: a proxy only needs the wire.
 """
 from __future__ import annotations
 
+import _socket
 import collections
 import functools
 import signal as signals
-import socket
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import protocol
@@ -114,7 +114,7 @@ class Wait:
     replaces the transport's deadline."""
     __slots__ = ("sock", "within")
 
-    def __init__(self, sock: socket.socket, within: float | None = None) -> None:
+    def __init__(self, sock: _socket.socket, within: float | None = None) -> None:
         self.sock, self.within = sock, within
 
 
@@ -145,7 +145,7 @@ class Run(Generic[T]):
             self.result: T = done.value
 
 
-def receive(sock: socket.socket, within: float | None = None) -> Exchange[dict[str, Any]]:
+def receive(sock: _socket.socket, within: float | None = None) -> Exchange[dict[str, Any]]:
     """The next message (any fds that came with it closed)."""
     reset = False
     while True:
@@ -167,7 +167,7 @@ def receive(sock: socket.socket, within: float | None = None) -> Exchange[dict[s
         return message
 
 
-def send_first(sock: socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> Exchange[None]:
+def send_first(sock: _socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> Exchange[None]:
     """A connection's first request. A refused peer finds the connection
     closed under it (EPIPE) with the refusal waiting to be read: raise that."""
     try:
@@ -182,7 +182,7 @@ def send_first(sock: socket.socket, request: dict[str, Any], fds: Sequence[int] 
     raise error_from(reply) from None
 
 
-def spawn(sock: socket.socket, request: dict[str, Any], stdio: Sequence[int]) -> Exchange[dict[str, Any]]:
+def spawn(sock: _socket.socket, request: dict[str, Any], stdio: Sequence[int]) -> Exchange[dict[str, Any]]:
     """The `spawned` reply; on any failure the socket is closed."""
     try:
         yield from send_first(sock, request, stdio)
@@ -195,7 +195,7 @@ def spawn(sock: socket.socket, request: dict[str, Any], stdio: Sequence[int]) ->
     return reply
 
 
-def short(sock: socket.socket, op: str, **fields: Any) -> Exchange[dict[str, Any]]:
+def short(sock: _socket.socket, op: str, **fields: Any) -> Exchange[dict[str, Any]]:
     """A one-request connection (ping, list, stats, describe): its reply."""
     try:
         yield from send_first(sock, {"op": op, **fields})
@@ -211,7 +211,7 @@ class ChildState:
     """What the supervisor told about a child, and the exchanges on its
     connection: shared by the sync and asyncio clients."""
 
-    def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
+    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any]) -> None:
         self._sock = sock
         self.pid: int = spawned["pid"]
         self.pgid: int = spawned["pgid"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal as signals
-import socket
+import _socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +20,7 @@ from .client import Client, connect_path
 from .paths import default_socket_path
 
 
-async def _readable(sock: socket.socket) -> None:
+async def _readable(sock: _socket.socket) -> None:
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
@@ -48,7 +48,7 @@ async def _run(exchange: core.Exchange[core.T]) -> core.T:
 
 
 class AsyncChild(core.ChildState):
-    def __init__(self, sock: socket.socket, spawned: Mapping[str, Any]) -> None:
+    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any]) -> None:
         super().__init__(sock, spawned)
         self._lock = asyncio.Lock()   # one reader of the connection at a time
 
@@ -79,7 +79,7 @@ class AsyncChild(core.ChildState):
 
 class AsyncClient:
     def __init__(self, socket_path: str | None = None, *,
-                 connect: Callable[[], socket.socket] | None = None) -> None:
+                 connect: Callable[[], _socket.socket] | None = None) -> None:
         if connect is None:
             path = socket_path or default_socket_path()
             connect = lambda: connect_path(path)  # noqa: E731
@@ -90,7 +90,7 @@ class AsyncClient:
         """Share a private supervisor started with supervisor.start()."""
         return cls(connect=client._connect)
 
-    def _open(self) -> socket.socket:
+    def _open(self) -> _socket.socket:
         sock = self._connect()
         sock.setblocking(False)
         return sock

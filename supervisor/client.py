@@ -10,9 +10,9 @@ in _client_core; this module waits for them with select() and deadlines.
 """
 from __future__ import annotations
 
+import _socket
 import select
 import signal as signals
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -89,7 +89,7 @@ class Client:
     """Talks to a running supervisor (its socket), or to a private one (see start())."""
 
     def __init__(self, socket_path: str | None = None, *,
-                 connect: Callable[[], socket.socket] | None = None) -> None:
+                 connect: Callable[[], _socket.socket] | None = None) -> None:
         self.socket_path: str | None = None
         if connect is None:
             self.socket_path = path = socket_path or default_socket_path()
@@ -128,7 +128,7 @@ class Client:
     def follow_denials(self) -> Iterator[dict[str, Any]]:
         """The `denials` reply, then each `denied` event as it comes, until the supervisor goes."""
         sock = self._connect()
-        with sock:
+        try:
             _run(core.send_first(sock, {"op": "denials", "follow": True}), _REPLY_TIMEOUT)
             while True:
                 try:
@@ -138,11 +138,13 @@ class Client:
                 if message.get("event") == "error":
                     raise error_from(message)
                 yield message
+        finally:
+            sock.close()
 
 
-def connect_path(path: str) -> socket.socket:
+def connect_path(path: str) -> _socket.socket:
     """A connection to the supervisor's socket at `path`."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
     except OSError as e:

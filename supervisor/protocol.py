@@ -6,10 +6,10 @@ brought other fds than expected, is rejected with all its fds closed.
 """
 from __future__ import annotations
 
+import _socket
 import array
 import json
 import os
-import socket
 from collections.abc import Sequence
 
 from .errors import Code, SupervisorError
@@ -24,7 +24,7 @@ MAX_FDS = 3
 MAX_DEPTH = 32  # nesting of a message's JSON
 # Room for one fd more than allowed, so that an extra one is seen and refused
 # rather than silently cut (MSG_CTRUNC); alignment may add room for another.
-_CMSG_SPACE = socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
+_CMSG_SPACE = _socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
 
 
 class ProtocolError(SupervisorError):
@@ -46,26 +46,26 @@ def encode(message: dict[str, Any]) -> bytes:
     return data
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+def send(sock: _socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     sock.sendmsg([encode(message)], rights(fds))
 
 
 def rights(fds: Sequence[int]) -> list[tuple[int, int, array.array[int]]]:
     """sendmsg()'s ancillary data passing fds (none: no ancillary data)."""
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+def recv(sock: _socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """One message and its fds; (None, []) at end of stream.
 
     Raises ProtocolError after closing whatever fds came with a bad message.
     """
-    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, socket.MSG_CMSG_CLOEXEC)
+    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _socket.MSG_CMSG_CLOEXEC)
     fds = received_fds(ancdata)
     try:
-        if flags & socket.MSG_CTRUNC:
+        if flags & _socket.MSG_CTRUNC:
             raise ProtocolError("too many file descriptors attached", "bad_fds")
-        if flags & socket.MSG_TRUNC or len(data) > MAX_MESSAGE:
+        if flags & _socket.MSG_TRUNC or len(data) > MAX_MESSAGE:
             raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes", "too_large")
         if not data:
             if fds:
@@ -131,7 +131,7 @@ def shortened(message: dict[str, Any], limit: int = 1024) -> dict[str, Any]:
 def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     fds: list[int] = []
     for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[:len(payload) - len(payload) % arr.itemsize])
             fds.extend(arr)
