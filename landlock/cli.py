@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
 
 from . import enforce, gocompat
 from .ruleset import LandlockUnavailable
 from .spec import DEFAULT_SCOPES, LOG_FLAGS, Spec, SpecError, parse_limit
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def _split(values: list[str]) -> list[str]:

@@ -16,7 +16,6 @@ import signal
 import sys
 import termios
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
 import prctl
 
@@ -26,6 +25,10 @@ from .report import Report
 from .ruleset import LandlockUnavailable, Ruleset, build
 from .spec import Spec, SpecError
 from .support import keyrings_available
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 # The seed's exit codes.
 EXIT_USAGE = 2

@@ -6,9 +6,12 @@ import json
 import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from . import rights
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SCOPES = ("abstract_unix_socket", "signal")
 LOG_FLAGS = {

@@ -18,13 +18,16 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from landlock import audit
 
 from .denials import Denials
 from .log import log
 from .loop import Loop, Timer
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 MODES = ("off", "count", "detail")
 BACKLOG = 8192

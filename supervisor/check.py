@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
 
 import landlock
 from landlock import audit as landlock_audit
@@ -13,6 +12,10 @@ from . import audit, ids, namespaces, profiles
 from .manifest import Manifest, ManifestError, load, load_all
 
 from landlock.ruleset import inside_writable
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 # What Landlock cannot deny, whatever a manifest says (docs/security.md).
 ALWAYS_OPEN = [

@@ -12,7 +12,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from . import procfs, protocol, reap, survivors
 from .audit import SETTLE_MAX, SETTLE_WAIT
@@ -26,6 +25,10 @@ from .manifest import Manifest
 from .zygote.messages import ChildFailure
 from .zygote.pools import Gids
 from .zygote.process import Launch, ZygoteProcess
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 Retry = tuple[Launch, list[int]]
 

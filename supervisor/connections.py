@@ -14,7 +14,6 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from . import peers, procfs, protocol
 from .errors import Code, Refused, SupervisorError
@@ -22,7 +21,10 @@ from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic
 
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .children import Session
 
 
@@ -36,7 +38,8 @@ class Connection:
     deadline: float | None = None   # monotonic time it is closed by unless it asks for something
 
 
-Handler = Callable[[Connection, dict[str, Any], list[int]], None]
+if TYPE_CHECKING:
+    Handler = Callable[[Connection, dict[str, Any], list[int]], None]
 # Bytes a connection may hold unread (kernel accounting) for news to be
 # offered: the socket's buffer (~208 KiB) keeps room for what must arrive.
 UNREAD_MAX = 64 * 1024

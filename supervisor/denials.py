@@ -13,11 +13,14 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from landlock import audit, rights
 
 from . import procfs, secrets
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 # A session's distinct denials kept (each counted after its first), and the
 # events it gets a second beyond a burst: a server polling a forbidden file

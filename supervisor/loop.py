@@ -12,9 +12,12 @@ import selectors
 import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from .log import log
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Timer:

@@ -10,7 +10,6 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import landlock
 from landlock import privileges
@@ -18,6 +17,10 @@ from landlock.spec import parse_limit
 
 from . import ids, profiles
 from .manifest_file import ENV_NAME, MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, port_list, read
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "load", "load_all", "name_of"]
 

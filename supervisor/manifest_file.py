@@ -15,7 +15,10 @@ import re
 import stat
 import zlib
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 MAX_MANIFEST_BYTES = 256 * 1024
 _KEPT_BYTES = 8 * MAX_MANIFEST_BYTES   # an entry: the text and its document, JSON-escaped

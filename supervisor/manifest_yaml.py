@@ -6,11 +6,14 @@ spares it.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import yaml
 
 from .manifest_file import ManifestError
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def parse(source: str, text: bytes) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import landlock
 from landlock.spec import parse_limit
@@ -28,6 +27,10 @@ from .errors import Code, Refused
 from .limits import Limits
 from .manifest import AUTO_POOL, PATH_CLASSES, PORT_KEYS, Manifest
 from .peers import Peer
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow", "cwd"})
 MAX_CWD = 4096   # PATH_MAX

@@ -4,7 +4,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def reap_all() -> Iterator[tuple[int, int, Any]]:

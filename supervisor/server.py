@@ -14,14 +14,13 @@ import socket
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from . import audit, ids, listener, namespaces, peers, policy, procfs, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
 from .early import keep_stdio_open, prepare
-from .connections import Connection, Connections, Handler
+from .connections import Connection, Connections
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits
 from .log import log
@@ -32,6 +31,12 @@ from .survivors import Records
 from .zygote.pools import Gids
 from .zygote.boot import Booting
 from .zygote.process import Launch, ZygoteProcess
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .connections import Handler
 
 __all__ = ["Config", "Limits", "Supervisor"]
 

@@ -18,8 +18,6 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
-
 import landlock
 
 from . import boot, messages
@@ -51,11 +49,10 @@ class Launch:
         return [self.confinement.ruleset.fd] if self.confinement.ruleset.fd >= 0 else []
 
 
-class Started(NamedTuple):
-    """A child forked for a request, fresh or pooled."""
-    pid: int
-    errpipe: int         # the read end of its error pipe: EOF at exec, else a ChildFailure
-    gid: int | None      # its session gid, the caller's to give back once the child is reaped
+# A child forked for a request, fresh or pooled: its pid, the read end of its
+# error pipe (EOF at exec, else a ChildFailure), its session gid (the
+# caller's to give back once the child is reaped).
+Started = tuple[int, int, "int | None"]
 
 
 def _error_pipe() -> tuple[int, int]:
@@ -100,7 +97,7 @@ class ZygoteProcess:
         """Spawn the zygote (or take one spawned already) and wait for its Ready."""
         if booting is None:
             booting = boot.launch()
-        self.pid, self.requests, self.events = booting
+        self.pid, self.requests, self.events = booting.pid, booting.requests, booting.events
         self.selector.register(booting.events, selectors.EVENT_READ, lambda key: self.receive())
         reply = self._reply()
         if not isinstance(reply, Ready):
@@ -146,7 +143,7 @@ class ZygoteProcess:
         finally:
             os.close(memfd)
         if isinstance(reply, Forked):
-            return Started(reply.pid, errpipe, gid)
+            return reply.pid, errpipe, gid
         os.close(errpipe)
         if isinstance(reply, ForkFailed):
             raise OSError(reply.errno, reply.message)
@@ -188,7 +185,7 @@ class ZygoteProcess:
                 finally:
                     child.handover.close()
                 self._refill(name, generation, launch.session_gid)
-                return Started(child.pid, errpipe, child.gid)
+                return child.pid, errpipe, child.gid
         finally:
             os.close(err_w)
         os.close(errpipe)
