@@ -417,7 +417,6 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     client would never get `exited`, and spawned != exited). In process,
     with fork faked to hand out the same pid twice."""
     from supervisor import server
-    from supervisor.zygote.process import Started
     lab.stock()
     supervisor = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)],
                                                  state_root=str(lab.state_root),
@@ -429,7 +428,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(w)   # "exec'd": EOF waits on the error pipe
         pipes.append(r)
-        return Started(pid, r, gid)
+        return pid, r, gid   # zygote.process.Started
     monkeypatch.setattr(supervisor.zygote, "spawn", fake_spawn)
     sent = []
     monkeypatch.setattr(supervisor.connections, "send", lambda conn, message: sent.append((conn, message["event"])))
