@@ -1,10 +1,27 @@
 """Shared test plumbing. An enforcement test skipped on a kernel that has
-Landlock is a defect: the session fails (CI must never go green that way)."""
+Landlock is a defect: the session fails (CI must never go green that way).
+
+`run_confined` and `confined_errno` confine a forked child and run one
+operation in it: fork; in the child optionally run `before` (still
+unconfined), landlock.apply(spec), then the operation; the outcome (value
+or exception, and the Report) is pickled back through a pipe and the child
+leaves with os._exit. The test process itself is never confined.
+"""
 from __future__ import annotations
+
+import os
+import pickle
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+import landlock
 from landlock import abi_version
+
+CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
 
 _skipped_enforcement: list[str] = []
 _audit_ran: list[str] = []
@@ -43,3 +60,85 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for nodeid in _skipped_enforcement:
             print("  " + nodeid)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- a confined child, one operation ----------------------------------
+
+@dataclass
+class Result:
+    """What happened in a confined child."""
+    value: Any = None                  # what the operation returned
+    error: BaseException | None = None  # what apply() or the operation raised
+    report: landlock.Report | None = None
+    status: int = 0                    # the child's wait status
+
+    @property
+    def errno(self) -> int:
+        """0 when the operation succeeded, the OSError's errno when it failed."""
+        if self.error is None:
+            return 0
+        if isinstance(self.error, OSError) and self.error.errno:
+            return self.error.errno
+        raise self.error
+
+    @property
+    def signal(self) -> int:
+        return os.WTERMSIG(self.status) if os.WIFSIGNALED(self.status) else 0
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _run_confined(spec: landlock.Spec | None, fn: Callable[[], Any] | None = None, *,
+                  before: Callable[[], Any] | None = None) -> Result:
+    """Fork; in the child: before(), landlock.apply(spec) (skipped when spec is
+    None), fn(). Returns the Result; a child killed by a signal (rlimits) has
+    no value, only its status."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
+            signal.alarm(CHILD_ALARM)
+            out: dict[str, Any] = {}
+            try:
+                if before is not None:
+                    before()
+                if spec is not None:
+                    out["report"] = landlock.apply(spec)
+                if fn is not None:
+                    out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+                out["error"] = e
+            try:
+                data = pickle.dumps(out)
+            except Exception as e:  # noqa: BLE001
+                data = pickle.dumps({"error": RuntimeError(f"unpicklable result: {e!r}: {out!r}")})
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    out = pickle.loads(data) if data else {}
+    return Result(out.get("value"), out.get("error"), out.get("report"), status)
+
+
+def _confined_errno(spec: landlock.Spec, op: Callable[[], Any], **kw: Any) -> int:
+    """0 if op succeeded in a child confined by spec, else the errno it failed with."""
+    return _run_confined(spec, op, **kw).errno
+
+
+@pytest.fixture(name="run_confined", scope="session")
+def run_confined_fixture() -> Callable[..., Result]:
+    return _run_confined
+
+
+@pytest.fixture(name="confined_errno", scope="session")
+def confined_errno_fixture() -> Callable[..., int]:
+    return _confined_errno

@@ -381,44 +381,24 @@ def test_writers_wrote_where_they_were_told(learnt: dict[str, Learnt], sessions:
 
 # ---- what stays denied ------------------------------------------------------------
 
-def confined_open(spec: landlock.Spec, path: Path) -> int:
+def confined_open(run_confined: Callable[..., Any], spec: landlock.Spec, path: Path) -> int:
     """0 if a child confined by spec (its uid included) can open path for
-    reading, else the errno. Forked, never exec'd: the test process itself
-    stays unconfined."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 255
-        try:
-            os.close(r)
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(20)
-            landlock.apply(spec)
-            try:
-                os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
-                code = 0
-            except OSError as e:
-                code = e.errno or 254
-        finally:
-            os.write(w, bytes([code]))
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    assert len(data) == 1, f"the confined child of {spec} reported nothing (landlock.apply failed?)"
-    return data[0]
+    reading, else the errno (the `run_confined` fixture: tests/conftest.py)."""
+    r = run_confined(spec, lambda: os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
+    assert r.report is not None, f"landlock.apply of {spec} failed: {r.error!r}"
+    return int(r.errno)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_secret_in_home_stays_denied(learnt: dict[str, Learnt], world: Home, name: str) -> None:
+def test_secret_in_home_stays_denied(learnt: dict[str, Learnt], world: Home, name: str,
+                                    run_confined: Callable[..., Any]) -> None:
     one = learnt_ok(learnt, name)
     spec = load(world, name).spec
     control = BY_NAME[name].readable(world)
-    got = confined_open(spec, control)
+    got = confined_open(run_confined, spec, control)
     assert got == 0, (f"the learned spec, as uid {spec.user}, does not let {control} be read: "
                       f"{errno.errorcode.get(got, got)} (owner uid {control.stat().st_uid})\n{one.summary}")
-    got = confined_open(spec, world.secret)
+    got = confined_open(run_confined, spec, world.secret)
     assert got == errno.EACCES, f"{world.secret}: {errno.errorcode.get(got, got)}, not EACCES\n{one.summary}"
 
 

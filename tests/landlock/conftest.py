@@ -1,21 +1,14 @@
-"""Plumbing for the landlock/ tests: confine a forked child, run one
-operation in it, bring back what happened.
+"""Plumbing for the landlock/ tests: every ABI, who the child runs as, scratch trees.
 
-Every enforcement test goes through the `run_confined` fixture: fork; in
-the child optionally run `before` (still unconfined), landlock.apply(spec),
-then the operation; the outcome (value or exception, and the Report) is
-pickled back through a pipe and the child leaves with os._exit. The test
-process itself is never confined.
-
-The helpers are fixtures (a conftest is not importable reliably); a test
-taking an `abi` argument runs once for every ABI from 1 to the kernel's.
+Every enforcement test goes through the `run_confined` or `confined_errno`
+fixture (tests/conftest.py: the e2e tests use them too). The helpers are
+fixtures (a conftest is not importable reliably); a test taking an `abi`
+argument runs once for every ABI from 1 to the kernel's.
 """
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import signal
 import socket
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,7 +27,6 @@ KERNEL_ABI = landlock.abi_version()
 ABIS = [KERNEL_ABI] if "EXPECT_ABI" in os.environ and KERNEL_ABI else list(range(1, KERNEL_ABI + 1))
 ROOT = os.geteuid() == 0
 UNPRIVILEGED_UID = 65534  # nobody
-CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
 
 # Probed once here rather than in every child.
 for _abi in (None, *range(KERNEL_ABI + 1)):
@@ -58,86 +50,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_landlock)
         if not ROOT and "root_only" in item.keywords:
             item.add_marker(not_root)
-
-
-@dataclass
-class Result:
-    """What happened in a confined child."""
-    value: Any = None                  # what the operation returned
-    error: BaseException | None = None  # what apply() or the operation raised
-    report: landlock.Report | None = None
-    status: int = 0                    # the child's wait status
-
-    @property
-    def errno(self) -> int:
-        """0 when the operation succeeded, the OSError's errno when it failed."""
-        if self.error is None:
-            return 0
-        if isinstance(self.error, OSError) and self.error.errno:
-            return self.error.errno
-        raise self.error
-
-    @property
-    def signal(self) -> int:
-        return os.WTERMSIG(self.status) if os.WIFSIGNALED(self.status) else 0
-
-    def unwrap(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-def _run_confined(spec: landlock.Spec | None, fn: Callable[[], Any] | None = None, *,
-                  before: Callable[[], Any] | None = None) -> Result:
-    """Fork; in the child: before(), landlock.apply(spec) (skipped when spec is
-    None), fn(). Returns the Result; a child killed by a signal (rlimits) has
-    no value, only its status."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(r)
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
-            signal.alarm(CHILD_ALARM)
-            out: dict[str, Any] = {}
-            try:
-                if before is not None:
-                    before()
-                if spec is not None:
-                    out["report"] = landlock.apply(spec)
-                if fn is not None:
-                    out["value"] = fn()
-            except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
-                out["error"] = e
-            try:
-                data = pickle.dumps(out)
-            except Exception as e:  # noqa: BLE001
-                data = pickle.dumps({"error": RuntimeError(f"unpicklable result: {e!r}: {out!r}")})
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    out = pickle.loads(data) if data else {}
-    return Result(out.get("value"), out.get("error"), out.get("report"), status)
-
-
-def _confined_errno(spec: landlock.Spec, op: Callable[[], Any], **kw: Any) -> int:
-    """0 if op succeeded in a child confined by spec, else the errno it failed with."""
-    return _run_confined(spec, op, **kw).errno
-
-
-@pytest.fixture(name="run_confined", scope="session")
-def run_confined_fixture() -> Callable[..., Result]:
-    return _run_confined
-
-
-@pytest.fixture(name="confined_errno", scope="session")
-def confined_errno_fixture() -> Callable[..., int]:
-    return _confined_errno
 
 
 # --- who the child runs as ------------------------------------------------
