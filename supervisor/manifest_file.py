@@ -9,6 +9,7 @@ imports PyYAML (~7 ms) nor parses.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -57,9 +58,11 @@ def read(source: str, parsed: str | None = None) -> Any:
     return document
 
 
+@functools.cache
 def _parser() -> str | None:
     """Which parser: the size and mtime of manifest_yaml's file and of
-    PyYAML's (found, not imported)."""
+    PyYAML's (found, not imported); once a process, which parses with the
+    parser it had first."""
     from importlib.machinery import PathFinder
     yaml = PathFinder.find_spec("yaml")
     if yaml is None or yaml.origin is None:
