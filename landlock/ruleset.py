@@ -207,9 +207,17 @@ def inside_writable(spec: Spec) -> list[tuple[str, str, str]]:
 
 
 def _add_port_rules(fd: int, spec: Spec, handled_net: int) -> None:
+    bind_udp = spec.bind_udp
+    # A UDP socket that sends or connects before any bind() is bound by the
+    # kernel to an ephemeral port, which Landlock (ABI 10) checks as a bind
+    # to port 0: without that rule a client allowed to reach a port (a DNS
+    # lookup) could not send at all. Port 0 means "any ephemeral port",
+    # never a chosen one, so it grants nothing a listener could use.
+    if spec.connect_udp and 0 not in bind_udp:
+        bind_udp += (0,)
     for ports, right in ((spec.bind_tcp, rights.Net.BIND_TCP),
                          (spec.connect_tcp, rights.Net.CONNECT_TCP),
-                         (spec.bind_udp, rights.Net.BIND_UDP),
+                         (bind_udp, rights.Net.BIND_UDP),
                          (spec.connect_udp, rights.Net.CONNECT_SEND_UDP)):
         if handled_net & right:
             for port in ports:

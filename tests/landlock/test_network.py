@@ -1,5 +1,5 @@
-"""TCP port rules (ABI 4) and the IPC scopes (ABI 6): abstract Unix sockets
-and signals, towards endpoints made outside the domain."""
+"""TCP port rules (ABI 4), UDP port rules (ABI 10) and the IPC scopes (ABI 6):
+abstract Unix sockets and signals, towards endpoints made outside the domain."""
 from __future__ import annotations
 
 import errno
@@ -46,6 +46,53 @@ def test_tcp_bind(confined_errno, identity, tcp_listener, listed, abi):
     spec = Spec(bind_tcp=(port if listed else tcp_listener,), **identity.spec, max_abi=abi)
     got = confined_errno(spec, lambda: _bind_tcp(port))
     assert got == (0 if listed or abi < 4 else errno.EACCES)
+
+
+def _send_udp(port: int) -> None:
+    """A UDP client as a resolver is one: an unbound socket, sendto (the kernel binds it to an ephemeral port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"ping", ("127.0.0.1", port))
+
+
+def _connect_udp(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("127.0.0.1", port))
+        s.send(b"ping")
+
+
+def _bind_udp(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.fixture
+def udp_receiver() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+@pytest.mark.enforcement
+@pytest.mark.parametrize("send", [_send_udp, _connect_udp], ids=["sendto", "connect"])
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+def test_udp_send(confined_errno, identity, udp_receiver, send, listed, abi):
+    """ABI 10: a listed port is reached from an unbound socket (the kernel's implicit bind is allowed with
+    it), an unlisted one is EACCES; before 10, UDP is not restricted."""
+    other = udp_receiver + 1 if udp_receiver < 65535 else 1024
+    spec = Spec(connect_udp=(udp_receiver if listed else other,), **identity.spec, max_abi=abi)
+    got = confined_errno(spec, lambda: send(udp_receiver))
+    assert got == (0 if listed or abi < 10 else errno.EACCES)
+
+
+@pytest.mark.enforcement
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+def test_udp_bind(confined_errno, identity, udp_receiver, listed, abi):
+    """ABI 10: bind() to a chosen port needs it listed in bind_udp; connect_udp's implicit port 0 grants
+    no chosen port."""
+    port = _free_port()
+    spec = Spec(bind_udp=(port,) if listed else (), connect_udp=(udp_receiver,), **identity.spec, max_abi=abi)
+    got = confined_errno(spec, lambda: _bind_udp(port))
+    assert got == (0 if listed or abi < 10 else errno.EACCES)
 
 
 @pytest.fixture
