@@ -13,4 +13,4 @@ TEST_PATHS = ["tests/kernel", "tests/landlock", "tests/supervisor/test_confineme
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-o", "timeout=120", "--color=no", "-ra"]
 CACHE = Path(os.environ.get("MULTIKERNEL_CACHE",
                             "/var/cache/landlock-supervisor/multikernel"))
-GUEST_TIMEOUT = {"uml": 300, "qemu": 900}  # seconds for one whole guest run
+GUEST_TIMEOUT = {"patched": 900, "qemu": 900}  # seconds for one whole guest run

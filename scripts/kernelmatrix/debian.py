@@ -1,4 +1,4 @@
-"""Debian's generic kernels: the suite's current image downloaded once, an initramfs that reaches the host root over 9p, and the qemu command line."""
+"""Debian's generic kernels: the suite's current image and the virtio/9p modules its initramfs loads, downloaded once."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .config import CACHE, HERE
+from .config import CACHE
 from .host import Apt, Mirrors
-from .kernels import KERNELS, expected_abi
-from .proc import Fail, Skip, run, say, sha
+from .kernels import KERNELS
+from .proc import Fail, Skip, run, say
+from .qemu import finish_initramfs
 
 # What the initramfs loads to mount the host's root, with what they need.
 MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
@@ -116,42 +117,3 @@ def _copy_modules(paths: list[str], dest: Path, kver: str) -> list[str]:
         (dest / base).write_bytes(data)
         order.append(base)
     return order
-
-
-def finish_initramfs(info: dict[str, Any], log: Path) -> dict[str, Any]:
-    """busybox-static + the modules + initramfs-init as /init: a plain
-    (uncompressed) newc cpio, rebuilt when the init script or busybox change."""
-    kdir, init = Path(info["dir"]), HERE / "initramfs-init"
-    busybox = Path(shutil.which("busybox", path="/usr/bin:/bin") or "/bin/busybox")
-    initrd = kdir / f"initrd-{sha(init, busybox)}.img"
-    if not initrd.exists():
-        stage = kdir / "initramfs"
-        shutil.rmtree(stage, ignore_errors=True)
-        for d in ("bin", "lib/modules", "proc", "sys", "dev", "newroot"):
-            (stage / d).mkdir(parents=True)
-        shutil.copy(busybox, stage / "bin/busybox")
-        shutil.copy(init, stage / "init")
-        for m in info["modules"]:
-            shutil.copy(kdir / "modules" / m, stage / "lib/modules" / m)
-        (stage / "modules").write_text("\n".join(info["modules"]) + "\n")
-        files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
-        tmp = initrd.with_suffix(".tmp")
-        with open(tmp, "wb") as out, open(log, "ab") as err:
-            p = subprocess.run(["cpio", "-o", "-H", "newc", "-R", "0:0", "--quiet"],
-                               input="\n".join(files).encode(), stdout=out,
-                               stderr=err, cwd=stage)
-        if p.returncode:
-            raise Fail(f"cpio failed building {initrd} (log: {log})")
-        tmp.rename(initrd)
-        shutil.rmtree(stage)
-    return dict(info, initrd=str(initrd), expect=expected_abi(info["kver"]))
-
-
-def command(info: dict[str, Any], guest_params: list[str]) -> list[Any]:
-    return ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "1024",
-            "-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
-            "-kernel", Path(info["dir"]) / "vmlinuz", "-initrd", info["initrd"],
-            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,"
-            "readonly=on,multidevs=remap",
-            "-append", " ".join(["console=ttyS0", "quiet", "panic=-1",
-                                 f"MK_INIT={HERE / 'guest-init'}", *guest_params])]

@@ -7,19 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import debian, uml
+from . import qemu
 from .config import CACHE, GUEST_TIMEOUT, PYTEST_ARGS, REPO
-from .kernels import kind
+from .kernels import KERNELS, kind
 from .proc import say, spawn
 
-# guest-init's last line: the guest's exit status (neither qemu nor UML returns it).
+# guest-init's last line: the guest's exit status (qemu does not return it).
 MARKER = re.compile(r"^MULTIKERNEL-EXIT=(\d+)\s*$", re.M)
 WHY = {"5": "pytest collected no test", "125": "guest setup failed"}
-# User-Mode Linux 6.12 saves its processes' registers in a buffer sized for
-# the XSAVE state it knows; on a host whose CPU has a larger one (AMX tiles)
-# the host's ptrace refuses the buffer and UML panics at its first process.
-# That is this host, not the kernel under test: the guest is skipped.
-UML_HOST_UNFIT = "ptrace set fp regs failed"
 
 
 def params(run_script: Path) -> list[str]:
@@ -49,10 +44,7 @@ def run(name: str, info: dict[str, Any], paths: list[str], timeout: int | None) 
     """Boot the kernel on the tests; its result (status "ok" or "FAIL", counts, ABI seen)."""
     timeout = timeout or GUEST_TIMEOUT[kind(name)]
     script = write_run_script(name, info["expect"], paths)
-    if kind(name) == "uml":
-        cmd = uml.command(name, info, params(script))
-    else:
-        cmd = debian.command(info, params(script))
+    cmd = qemu.command(info, params(script), KERNELS[name].get("append", []))
     log = CACHE / "logs" / f"{name}.log"
     log.write_text("")
     start = time.monotonic()
@@ -78,11 +70,7 @@ def read_console(text: str, timed_out: bool, timeout: int) -> dict[str, Any]:
     res.update(passed=counts.get("passed", 0), skipped=counts.get("skipped", 0),
                failed=counts.get("failed", 0) + counts.get("error", 0))
     marks = MARKER.findall(text)
-    if UML_HOST_UNFIT in text and not marks:
-        res["status"], res["reason"] = "skip", ("User-Mode Linux 6.12 cannot run on this host: its CPU's "
-                                                "XSAVE state (AMX) outgrows UML's register buffer "
-                                                f"({UML_HOST_UNFIT})")
-    elif timed_out:
+    if timed_out:
         res["status"], res["reason"] = "FAIL", f"guest timed out after {timeout}s"
     elif not marks:
         res["status"], res["reason"] = "FAIL", "guest ended without its exit marker"

@@ -13,7 +13,7 @@ from .proc import Fail, Skip, die, run, say
 
 HOST_PKGS = {  # what each part needs on the host (Debian package names)
     "any": ["busybox-static"],  # guest-init powers off with it
-    "uml-build": ["build-essential", "flex", "bison", "bc", "patch", "xz-utils"],
+    "kernel-build": ["build-essential", "flex", "bison", "bc", "patch", "xz-utils", "libelf-dev"],
     "qemu": ["qemu-system-x86", "kmod", "cpio", "xz-utils", "zstd"],
 }
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -129,7 +129,7 @@ class Apt:
 def lock_cache() -> IO[str]:
     """Make the cache's directories and hold its lock (waiting for another run's)."""
     try:
-        for d in ("logs", "run", "uml", "debian", "build", "apt"):
+        for d in ("logs", "run", "patched", "debian", "build", "apt"):
             (CACHE / d).mkdir(parents=True, exist_ok=True)
         lock = open(CACHE / ".lock", "w")
     except OSError as e:

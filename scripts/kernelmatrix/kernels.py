@@ -5,10 +5,12 @@ import re
 from typing import Any
 
 # name -> how to get it. "expect" for Debian kernels comes from ABI_SINCE.
+# "patched": one kernel built from PATCHED_SOURCE_PKG with landlock-abi.patch,
+# booted with the parameters of "append".
 KERNELS: dict[str, dict[str, Any]] = {
-    f"uml-abi{n}": {"kind": "uml", "expect": str(n), "append": [f"landlock_abi={n}"]} for n in range(1, 7)}
-KERNELS["uml-nolandlock"] = {"kind": "uml", "expect": "0",
-                             "append": ["lsm=capability"]}  # -> EOPNOTSUPP
+    f"patched-abi{n}": {"kind": "patched", "expect": str(n), "append": [f"landlock_abi={n}"]} for n in range(1, 11)}
+KERNELS["patched-nolandlock"] = {"kind": "patched", "expect": "0",
+                                 "append": ["lsm=capability"]}  # -> EOPNOTSUPP
 # Suites whose linux-image-amd64 is booted: the first names the kernel, the
 # others carry its updates ("-security" ones come from the security mirror).
 KERNELS.update({
@@ -19,15 +21,14 @@ KERNELS.update({
                                           "trixie-security"]},
     "sid": {"kind": "qemu", "suites": ["sid"]},
 })
-GROUPS = ("uml", "qemu")
+GROUPS = ("patched", "qemu")
 # First kernel version of each Landlock ABI (docs/kernel history). A newer
 # kernel than the table's top row is expected to have "at least" that ABI.
 ABI_SINCE = [((7, 2), 10), ((7, 1), 9), ((7, 0), 8), ((6, 15), 7),
              ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3),
              ((5, 19), 2), ((5, 13), 1)]
-UML_SOURCE_PKG = "linux-source-6.12"
-UML_SOURCE_SUITES = ["trixie", "trixie-security", "bookworm-security",
-                     "bookworm-backports"]
+PATCHED_SOURCE_PKG = "linux-source-7.2"
+PATCHED_SOURCE_SUITES = ["sid", "trixie-backports"]
 
 
 def expected_abi(kver: str) -> str:
@@ -50,7 +51,7 @@ def select(only: str | None) -> list[str]:
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     bad = [w for w in wanted if w not in KERNELS and w not in GROUPS]
     if bad or not wanted:
-        raise ValueError(f"unknown kernel {bad}; known: {', '.join(KERNELS)}, uml, qemu")
+        raise ValueError(f"unknown kernel {bad}; known: {', '.join(KERNELS)}, {', '.join(GROUPS)}")
     return [n for n in KERNELS if n in wanted or KERNELS[n]["kind"] in wanted]
 
 

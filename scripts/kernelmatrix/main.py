@@ -10,9 +10,9 @@ import subprocess
 import sys
 from typing import Any, NoReturn
 
-from . import debian, guest, host, matrix, uml
+from . import debian, guest, host, matrix, patched
 from .config import CACHE, GUEST_TIMEOUT, REPO, TEST_PATHS
-from .kernels import KERNELS, kind, select
+from .kernels import GROUPS, KERNELS, expected_abi, kind, select
 from .proc import Fail, Skip, die, kill_children, say
 
 Results = dict[str, dict[str, Any]]
@@ -20,8 +20,8 @@ Results = dict[str, dict[str, Any]]
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        description="Landlock enforcement tests on many kernels (UML + qemu).",
-        epilog=f"kernels: {', '.join(KERNELS)}; groups: uml, qemu. "
+        description="Landlock enforcement tests on many kernels (qemu guests).",
+        epilog=f"kernels: {', '.join(KERNELS)}; groups: {', '.join(GROUPS)}. "
                f"Cache: {CACHE} (MULTIKERNEL_CACHE).")
     ap.add_argument("--only", help="comma-separated kernel names or groups")
     ap.add_argument("--prepare-only", action="store_true",
@@ -57,9 +57,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
 
 def prepare_host(kinds: set[str], prepare_only: bool) -> None:
     """The host packages these kernels need, and the venv the guests run."""
-    groups = ["any"] + (["qemu"] if "qemu" in kinds else [])
-    if "uml" in kinds and not uml.binary().exists():
-        groups.append("uml-build")
+    groups = ["any", "qemu"]
+    if "patched" in kinds and not patched.binary().exists():
+        groups.append("kernel-build")
     host.ensure_host_packages(groups)
     if not prepare_only and not (REPO / ".venv/bin/python").exists():
         say("no .venv: running scripts/setup")
@@ -68,13 +68,13 @@ def prepare_host(kinds: set[str], prepare_only: bool) -> None:
 
 
 def prepare_all(names: list[str], results: Results) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every kernel at once (the UML build keeps the cores busy while the
+    """Every kernel at once (the kernel build keeps the cores busy while the
     Debian kernels download): (info by kernel, version shown by kernel); a
     kernel that cannot be had gets its result now."""
     mirrors = host.debian_mirrors()
     # (No `with`: on ^C it would wait for the build before we can kill it.)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
-    jobs = {"uml": pool.submit(uml.prepare, mirrors)} if any(kind(n) == "uml" for n in names) else {}
+    jobs = {"patched": pool.submit(patched.prepare, mirrors)} if any(kind(n) == "patched" for n in names) else {}
     for n in names:
         if kind(n) == "qemu":
             jobs[n] = pool.submit(debian.prepare, n, mirrors)
@@ -89,17 +89,18 @@ def prepare_all(names: list[str], results: Results) -> tuple[dict[str, dict[str,
     pool.shutdown()
     prepared, versions = {}, {}
     for n in names:
-        got = done["uml" if kind(n) == "uml" else n]
+        got = done["patched" if kind(n) == "patched" else n]
         if isinstance(got, Exception):
             status = "skip" if isinstance(got, Skip) else "FAIL"
             results[n] = {"status": status, "reason": str(got), "expect": KERNELS[n].get("expect", "-")}
             say(f"{n}: {status}: {got}")
             continue
         info = dict(got)
-        if kind(n) == "uml":
+        if kind(n) == "patched":
             info["expect"] = KERNELS[n]["expect"]
-            versions[n] = f"{got['version']} UML " + " ".join(KERNELS[n]["append"])
+            versions[n] = f"{got['version']} patched " + " ".join(KERNELS[n]["append"])
         else:
+            info["expect"] = expected_abi(got["kver"])
             versions[n] = f"{got['kver']} ({n})"
         prepared[n] = info
     return prepared, versions

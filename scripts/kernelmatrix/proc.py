@@ -37,7 +37,7 @@ def die(msg: str) -> NoReturn:
 
 def spawn(cmd: Sequence[Any], log: Path, timeout: float, **kw: Any) -> int | None:
     """Run cmd in its own process group with its output appended to log;
-    return its exit status, None if it timed out (the group is killed: UML
+    return its exit status, None if it timed out (the group is killed:
     runs its guest's processes as host processes, which must go too)."""
     with open(log, "ab") as out:
         out.write(f"\n$ {shlex.join(map(str, cmd))}\n".encode())

@@ -37,6 +37,14 @@ LAST_BITS = {  # abi: (fs, net, scope)
     9: (16, 1, 1), 10: (16, 3, 1),
 }
 
+# landlock_restrict_self() flags and the ABI that brought each.
+RESTRICT_FLAGS = {  # flag: abi
+    1 << 0: 7,  # LOG_SAME_EXEC_OFF
+    1 << 1: 7,  # LOG_NEW_EXEC_ON
+    1 << 2: 7,  # LOG_SUBDOMAINS_OFF
+    1 << 3: 8,  # TSYNC
+}
+
 # Size of struct landlock_ruleset_attr up to each field.
 ATTR_SIZE_FS, ATTR_SIZE_NET, ATTR_SIZE_SCOPED = 8, 16, 24
 
@@ -81,9 +89,9 @@ def add_path_rule(ruleset_fd, path, access):
         os.close(fd)
 
 
-def restrict_self(ruleset_fd):
+def restrict_self(ruleset_fd, flags=0):
     # Without no_new_privs an unprivileged caller gets EPERM; set it anyway.
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-    _syscall(SYS_RESTRICT_SELF, ruleset_fd, 0)
+    _syscall(SYS_RESTRICT_SELF, ruleset_fd, flags)

@@ -134,3 +134,22 @@ def test_attr_fields_beyond_abi_are_e2big(running_abi, need_landlock):
     assert net == ("ok" if running_abi >= 4 else "E2BIG")
     scoped = _errno_of(fs=read, scoped=ll.SCOPE_SIGNAL, size=ll.ATTR_SIZE_SCOPED)
     assert scoped == ("ok" if running_abi >= 6 else "E2BIG")
+
+
+@pytest.mark.parametrize("flag", sorted(ll.RESTRICT_FLAGS))
+def test_restrict_flags_beyond_abi_are_einval(running_abi, need_landlock, flag):
+    """The log flags came with ABI 7 and TSYNC with 8: an older kernel refuses them (EINVAL), and a
+    confinement without them (as ours is before 8: a single-threaded child needs no TSYNC) still holds."""
+    def confined():
+        fd = ll.create_ruleset(fs=ll.FS_READ_FILE)
+        try:
+            ll.restrict_self(fd, flag)
+            got = "ok"
+        except OSError as e:
+            got = errno.errorcode.get(e.errno, str(e.errno))
+        if got == "EINVAL":
+            ll.restrict_self(fd)
+        return {"flag": got, "confined": _try_open("/etc/hostname")}
+
+    want = "ok" if running_abi >= ll.RESTRICT_FLAGS[flag] else "EINVAL"
+    assert _in_child(confined) == {"flag": want, "confined": "EACCES"}
