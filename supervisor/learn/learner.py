@@ -194,7 +194,7 @@ class Learner:
     def learning_manifest(self, trace: str, layout: Layout) -> str:
         """Round 1's: the learning policy, the command under strace."""
         covering = exclude.covering_set([e.path for e in layout.excluded])
-        writable = ["/tmp", *self.opts.writes, trace]
+        writable = [*learning_writes(self.opts), trace]
         lines = render.top(self.draft, STRACE, strace_argv(os.path.join(trace, "t"),
                                                            [self.command, *self.draft.args])[1:])
         lines += ["sandbox:", f"  profiles: [{', '.join(self.profiles)}]", "  read_only:"]
@@ -285,6 +285,11 @@ class Learner:
     def close(self) -> None:
         if not self.opts.keep:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def learning_writes(opts: Options) -> list[str]:
+    """What the learning run may write besides learn's scratch (its state, the traces)."""
+    return ["/tmp", *opts.writes]
 
 
 def absolute_arg(arg: str) -> str:

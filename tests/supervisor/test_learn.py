@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,23 +64,32 @@ def tiny(lab) -> tuple[Path, Path]:
     return server, out
 
 
+@pytest.fixture
+def kept() -> Iterator[Path]:
+    """Where learnt manifests go: not under /tmp, which learning lets the server write."""
+    directory = Path(tempfile.mkdtemp(prefix="llsv-learnt-", dir="/var/tmp"))
+    os.chmod(directory, 0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def save(path: Path) -> list[str]:
     return ["--call", "save", json.dumps({"path": str(path), "text": "hi"})]
 
 
-def test_learns_a_manifest_that_serves_the_session(lab, tiny) -> None:
+def test_learns_a_manifest_that_serves_the_session(lab, tiny, kept) -> None:
     server, out = tiny
-    result = learn(lab, "--name", "tiny", "--out", str(lab.dir / "tiny.yaml"), "--write", str(out),
+    result = learn(lab, "--name", "tiny", "--out", str(kept / "tiny.yaml"), "--write", str(out),
                    *save(out / "a.txt"), "--", "/usr/bin/python3", str(server))
     assert result.returncode == 0, result.stderr
     assert "learn: tiny: 2 runs" in result.stderr and "0 denials" in result.stderr
-    text = (lab.dir / "tiny.yaml").read_text()
-    loaded = manifests.load(lab.dir / "tiny.yaml", state_root=str(lab.dir / "state"))
+    text = (kept / "tiny.yaml").read_text()
+    loaded = manifests.load(kept / "tiny.yaml", state_root=str(lab.dir / "state"))
     assert loaded.spec.read_write_noexec[:1] == (str(out),) or str(out) in loaded.spec.read_write_noexec
     assert "/root" not in text.replace('"/root/', "") and "/home" not in text
     assert f'"{server.parent}"' in text   # the script's directory, read only
     # The learned manifest, served: the call works, a write elsewhere is denied.
-    with start([str(lab.dir / "tiny.yaml")], state_root=str(lab.dir / "state"), only="tiny") as client:
+    with start([str(kept / "tiny.yaml")], state_root=str(lab.dir / "state"), only="tiny") as client:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         child = client.spawn("tiny", stdin=in_r, stdout=out_w, stderr=2)
@@ -112,14 +122,14 @@ def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny
     assert f"#   {target / 'x.txt'}: " in result.stdout
 
 
-def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny) -> None:
+def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny, kept) -> None:
     """`--state-root state` once made learn walk up from "state" to / for
     ever (its exclusion's ancestors), growing until the OOM killer came."""
     server, _ = tiny
-    result = learn(lab, "--state-root", "state", "--name", "tiny", "--out", str(lab.dir / "rel.yaml"),
+    result = learn(lab, "--state-root", "state", "--name", "tiny", "--out", str(kept / "rel.yaml"),
                    "--", "/usr/bin/python3", str(server))
     assert result.returncode == 0, result.stderr
-    loaded = manifests.load(lab.dir / "rel.yaml", state_root=str(lab.dir / "state"))
+    loaded = manifests.load(kept / "rel.yaml", state_root=str(lab.dir / "state"))
     assert loaded.uid == ids.Table(str(lab.dir / "state")).assign(["tiny"])["tiny"]
 
 
@@ -142,20 +152,58 @@ def test_a_server_that_never_answers_fails_with_its_stderr(lab) -> None:
     assert result.returncode == 1 and "did not answer initialize" in result.stderr and "boom" in result.stderr
 
 
-def test_a_plain_user_learns_as_itself_never_as_root(lab, tiny) -> None:
+def test_a_plain_user_learns_as_itself_never_as_root(lab, tiny, kept) -> None:
     server, out = tiny
     uid = 64150
     home = lab.dir / "userhome"
     home.mkdir()
     os.chown(home, uid, uid)
-    os.chown(lab.dir, uid, uid)   # its state root and manifest go here
+    os.chown(lab.dir, uid, uid)   # its state root goes here
+    os.chown(kept, uid, uid)      # and its manifest here
     result = subprocess.run(
         [sys.executable, "-m", "supervisor", "learn", "--state-root", str(lab.dir / "ustate"), "--name", "tiny",
-         "--out", str(lab.dir / "u.yaml"), "--write", str(out), *save(out / "u.txt"), "--", "/usr/bin/python3",
+         "--out", str(kept / "u.yaml"), "--write", str(out), *save(out / "u.txt"), "--", "/usr/bin/python3",
          str(server)],
         capture_output=True, text=True, timeout=50, cwd=lab.dir, env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
         user=uid, group=uid, extra_groups=[])
     assert result.returncode == 0, result.stderr
-    text = (lab.dir / "u.yaml").read_text()
+    text = (kept / "u.yaml").read_text()
     assert "user: dynamic" not in text and f"uid {uid}" in text
     assert (out / "u.txt").stat().st_uid == uid   # the learning run wrote it as that user, not as root
+
+
+def test_out_where_the_server_may_write_or_through_a_link_is_refused_before_the_run(lab, tiny, kept) -> None:
+    server, out = tiny
+    os.symlink(kept, lab.dir / "link")
+    for where, message in ((out / "m.yaml", f"lies inside {out}, which the server may write"),
+                           (Path("/tmp/m.yaml"), "lies inside /tmp"),
+                           (lab.dir / "link" / "m.yaml", "a symbolic link on the way")):
+        result = learn(lab, "--out", str(where), "--write", str(out), "--", "/usr/bin/python3", str(server))
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not where.exists()
+    assert not list(kept.iterdir())
+
+
+def test_out_is_replaced_never_followed(lab, tiny, kept) -> None:
+    """A link at --out (someone else's) is replaced by the manifest; its
+    target is left as it was, and nothing else is left beside it."""
+    server, _ = tiny
+    victim = lab.dir / "victim"
+    victim.write_text("mine\n")
+    os.symlink(victim, kept / "m.yaml")
+    result = learn(lab, "--name", "tiny", "--out", str(kept / "m.yaml"), "--", "/usr/bin/python3", str(server))
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "mine\n" and not (kept / "m.yaml").is_symlink()
+    assert (kept / "m.yaml").read_text().startswith("# tiny: learned") and os.listdir(kept) == ["m.yaml"]
+
+
+def test_out_inside_a_grant_of_the_learnt_manifest_is_refused(lab, tiny, kept) -> None:
+    """Its own state directory: the server could rewrite the manifest it is served by."""
+    server, _ = tiny
+    state = kept / "state" / "servers" / "tiny" / "state"
+    state.mkdir(parents=True)
+    result = learn(lab, "--state-root", str(kept / "state"), "--name", "tiny", "--out", str(state / "m.yaml"),
+                   "--", "/usr/bin/python3", str(server))
+    assert result.returncode == 2 and f"lies inside {state}, which the learnt manifest" in result.stderr, \
+        result.stderr
+    assert not list(state.iterdir())
