@@ -23,7 +23,7 @@ from typing import Any
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
-from . import exclude, execs, render, runner
+from . import area, exclude, execs, render, runner
 from .collapse import Layout, Proposal
 from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
@@ -125,14 +125,15 @@ class Learner:
         real table (where `serve` will find it: a uid taken in a copy would
         be another server's there, and the files written while learning
         another's), then copied into the scratch state root with its area."""
+        uid = ids.Table(self.real_state_root).assign([self.name])[self.name] if self.root else os.getuid()
         real_area = os.path.join(self.real_state_root, "servers", self.name)
         os.makedirs(os.path.dirname(self.area), exist_ok=True)
-        if os.path.isdir(real_area):
-            shutil.copytree(real_area, self.area, symlinks=True)
-        os.makedirs(self.state_dir, exist_ok=True)   # else the area looks like the old layout, and is moved
+        if not area.copy(real_area, self.area, uid):   # no link followed: the server may write in it
+            os.mkdir(self.area, 0o700)
+        if not os.path.lexists(self.state_dir):
+            os.mkdir(self.state_dir, 0o700)   # else the area looks like the old layout, and is moved
         if not self.root:
-            return os.getuid(), tuple(os.getgroups())
-        uid = ids.Table(self.real_state_root).assign([self.name])[self.name]
+            return uid, tuple(os.getgroups())
         shutil.copyfile(os.path.join(self.real_state_root, ids.TABLE), os.path.join(self.state_root, ids.TABLE))
         return uid, (uid,)
 
@@ -173,10 +174,17 @@ class Learner:
         return tuple(p for name in self.profiles for p in PROFILE_PORTS.get(name, ()))
 
     def trace_dir(self, number: int) -> str:
+        """A directory strace (as the server's uid) writes. Made and chowned
+        in the scratch directory, root's 0755, which no server can write:
+        the name cannot have been swapped (the chown goes through its fd all the same)."""
         path = os.path.join(self.scratch, f"trace-{number}")
         os.mkdir(path, 0o700)
         if self.root:
-            os.chown(path, self.uid, self.uid)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchown(fd, self.uid, self.uid)
+            finally:
+                os.close(fd)
         return path
 
     # -- the runs -------------------------------------------------------------

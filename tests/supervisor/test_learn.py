@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -207,3 +208,55 @@ def test_out_inside_a_grant_of_the_learnt_manifest_is_refused(lab, tiny, kept) -
     assert result.returncode == 2 and f"lies inside {state}, which the learnt manifest" in result.stderr, \
         result.stderr
     assert not list(state.iterdir())
+
+
+def test_the_area_is_copied_without_following_a_link(tmp_path, monkeypatch) -> None:
+    """learn copies servers/<name> (as root) from the state root the server
+    writes: links stay links, a directory swapped for one meanwhile, FIFOs
+    and set-id bits are left out, a hard-linked file is the same file."""
+    from supervisor.learn import area
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "key").write_text("root's\n")
+    src = tmp_path / "area"
+    (src / "state" / "sub").mkdir(parents=True)
+    (src / "state" / "sub" / "kept").write_text("its own\n")
+    (src / "state" / "tool").write_text("#!/bin/sh\n")
+    os.chmod(src / "state" / "tool", 0o4755)
+    os.symlink(secret, src / "npm-cache")
+    os.mkfifo(src / "state" / "fifo")
+    os.link(secret / "key", src / "state" / "hardlink")
+    os.symlink(secret, src / "state" / "swapped")
+    real_stat = os.stat
+
+    def swapping(name, *args, **kw):   # lstat saw a directory; the open meets the link
+        return real_stat(secret) if name == "swapped" else real_stat(name, *args, **kw)
+
+    monkeypatch.setattr(area.os, "stat", swapping)
+    assert area.copy(str(src), str(tmp_path / "copy"), 64123)
+    monkeypatch.undo()
+    copy = tmp_path / "copy"
+    assert os.readlink(copy / "npm-cache") == str(secret)
+    assert (copy / "state" / "sub" / "kept").read_text() == "its own\n"
+    assert sorted(os.listdir(copy / "state")) == ["hardlink", "sub", "tool"]
+    assert os.stat(copy / "state" / "hardlink").st_ino == os.stat(secret / "key").st_ino
+    assert stat.S_IMODE(os.stat(copy / "state" / "tool").st_mode) == 0o755
+    assert not area.copy(str(src / "npm-cache"), str(tmp_path / "none"), 64123)   # a link at the top: nothing
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the dynamic user's trace directories are chowned as root")
+def test_trace_directories_are_made_in_roots_scratch(lab) -> None:
+    """The chown of a trace directory is safe because the scratch directory
+    holding it is root's 0755: no server can put a link in its place."""
+    from supervisor.learn import learner
+    one = learner.Learner(learner.Options(command=["/usr/bin/true"], state_root=str(lab.dir / "state")))
+    try:
+        st = os.lstat(one.scratch)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode), stat.S_ISDIR(st.st_mode)) == (0, 0o755, True)
+        trace = os.lstat(one.trace_dir(1))
+        assert (trace.st_uid, stat.S_IMODE(trace.st_mode)) == (one.uid, 0o700) and one.uid != 0
+        assert os.lstat(one.private).st_uid == 0 and stat.S_IMODE(os.lstat(one.private).st_mode) == 0o700
+    finally:
+        one.close()
+    assert not os.path.exists(one.scratch)
