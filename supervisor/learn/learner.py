@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ from ..paths import default_state_root
 from . import collapse as collapsing
 from . import area, exclude, execs, render, runner
 from .collapse import Layout, Proposal
+from .names import clean
 from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
 
@@ -329,7 +331,7 @@ def strace_libraries() -> list[str]:
 
 
 def _outcome_text(outcomes: Sequence[Outcome]) -> str:
-    return ", ".join(f"{o.method}: {'ok' if o.ok else o.detail}" for o in outcomes) or "no reply"
+    return ", ".join(f"{o.method}: {'ok' if o.ok else clean(o.detail)}" for o in outcomes) or "no reply"
 
 
 def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: float) -> list[str]:
@@ -342,10 +344,12 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
                f"{grants - len(proposal.grants)} ports")
     for g in proposal.grants:
         if g.flag:
-            out.append(f"  broad: {g.cls} {g.path}: {g.flag}")
-    items = [f"  not granted (learn again with --write {path} to allow it): {why}"
+            out.append(f"  broad: {g.cls} {clean(g.path)}: {g.flag}")
+    # Paths and evidence are the server's: one escaped token each (the
+    # --write suggestion one shell word too).
+    items = [f"  not granted (learn again with --write {shlex.quote(clean(path))} to allow it): {clean(why)}"
              for path, why in sorted(proposal.writes.items())]
-    items += [f"  refused: {what}: {why}" for what, why in sorted(proposal.refused.items())]
+    items += [f"  refused: {clean(what)}: {clean(why)}" for what, why in sorted(proposal.refused.items())]
     out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
                              if len(items) > _SHOWN else [])
     if not validated:
@@ -353,5 +357,5 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
         out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else
                                          f"the session failed ({_outcome_text(last.outcomes)})"))
         if last.stderr.strip():
-            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])
+            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])   # the server's own, as it is
     return out
