@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets as tokens
+import stat
 
 from landlock import syscalls
 
@@ -40,8 +41,10 @@ def open_directory(path: str) -> int:
             try:
                 nfd = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(os.path.join(path, name)):
-                    raise Refused(f"{path}: a symbolic link on the way at {name}") from None
+                # With O_DIRECTORY, a link is ENOTDIR (ELOOP without).
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
+                        os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise Refused(f"{path}: a symbolic link on the way at {name} (refused)") from None
                 raise
             os.close(fd)
             fd = nfd

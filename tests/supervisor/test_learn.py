@@ -260,3 +260,28 @@ def test_trace_directories_are_made_in_roots_scratch(lab) -> None:
     finally:
         one.close()
     assert not os.path.exists(one.scratch)
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
+def test_out_directory_opened_with_no_link_on_the_way(tmp_path, monkeypatch, openat2: bool) -> None:
+    """destination.open_directory, with openat2 and with its component walk
+    (kernels before 5.6): a link anywhere on the way is refused."""
+    import errno
+    from landlock import syscalls
+    from supervisor.learn import destination
+    if not openat2:
+        def missing(*args: object) -> int:
+            raise OSError(errno.ENOSYS, "openat2")
+        monkeypatch.setattr(syscalls, "openat2", missing)
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    fd = destination.open_directory(str(tmp_path / "real" / "sub"))
+    assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "real" / "sub"))
+    os.close(fd)
+    for path in (tmp_path / "link" / "sub", tmp_path / "link"):
+        with pytest.raises(destination.Refused, match="a symbolic link on the way"):
+            destination.open_directory(str(path))
+    where = destination.Destination(str(tmp_path / "real" / "sub" / "m.yaml"))
+    where.write("text\n")
+    where.close()
+    assert os.listdir(tmp_path / "real" / "sub") == ["m.yaml"]
