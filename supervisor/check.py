@@ -9,7 +9,7 @@ import landlock
 from landlock import audit as landlock_audit
 
 from . import audit, ids, namespaces, profiles
-from .manifest import Manifest, ManifestError, load, load_all
+from .manifest import Manifest, ManifestError, load, load_all, writable_grants, writable_holding
 
 from landlock.ruleset import inside_writable
 
@@ -73,14 +73,18 @@ def holes(report: landlock.Report) -> list[str]:
 
 def cross_warnings(manifests: list[Manifest]) -> dict[str, list[str]]:
     """A path granted to one server inside another's writable tree: the other
-    can swap it for a symlink and so widen the first one's grant."""
+    can swap it for a symlink and so widen the first one's grant. A manifest
+    file inside a writable tree (its own server's included): rewritten."""
     out: dict[str, list[str]] = {m.name: [] for m in manifests}
     for m in manifests:
+        held = writable_holding(m.source, manifests)
+        if held:
+            out[m.name].append(f"its file {m.source} lies inside {held[0].name}'s writable {held[1]}: that "
+                               "server can rewrite it (`serve` refuses it)")
         for other in manifests:
             if other is m:
                 continue
-            writable = [os.path.realpath(p) for p in (*other.spec.read_write, *other.spec.read_write_noexec)
-                        if p not in ("/dev/null", "/dev/zero", "/dev/full")]
+            writable = writable_grants(other)
             for cls, path in m.spec.path_rules:
                 real = os.path.realpath(path)
                 for w in writable:

@@ -16,13 +16,15 @@ from landlock import privileges
 from landlock.spec import parse_limit
 
 from . import ids, profiles
+from .secrets import within
 from .manifest_file import ENV_NAME, MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, port_list, read
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "load", "load_all", "name_of"]
+__all__ = ["MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "load", "load_all", "name_of", "writable_grants",
+           "writable_holding"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
@@ -74,6 +76,20 @@ class Manifest:
 
 
 DynamicUid = Callable[[str], int]
+_EVERYONES = ("/dev/null", "/dev/zero", "/dev/full")   # writable to every server, holding no file
+
+
+def writable_grants(m: Manifest) -> list[str]:
+    """m's writable grants, resolved (the devices every server writes left out)."""
+    return [os.path.realpath(p) for p in (*m.spec.read_write, *m.spec.read_write_noexec) if p not in _EVERYONES]
+
+
+def writable_holding(path: str, held_by: Iterable[Manifest]) -> tuple[Manifest, str] | None:
+    """The first manifest whose writable grant holds path (resolved), and
+    that grant: its server could rewrite what lies there (its own manifest,
+    another's) before the next load."""
+    real = os.path.realpath(path)
+    return next(((m, grant) for m in held_by for grant in writable_grants(m) if within(real, grant)), None)
 
 
 def stem(path: str) -> str:

@@ -6,9 +6,15 @@ are put on symlink targets: Landlock binds a rule to the inode it opens.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 PathClasses = dict[str, list[str]]
 
@@ -90,10 +96,23 @@ def _program(name: str, env: Mapping[str, str]) -> str | None:
     return os.path.realpath(found) if found else None
 
 
+def regular_file(path: str) -> BinaryIO:
+    """path opened for reading, if a regular file: a FIFO (a server can make
+    one and exec it, or name it as a program) would block the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def shebang(path: str) -> list[str]:
     """The words of a `#!` line, or []."""
     try:
-        with open(path, "rb") as f:
+        with regular_file(path) as f:
             line = f.readline(256)
     except OSError:
         return []

@@ -116,8 +116,8 @@ class Supervisor:
 
     def _load_manifests(self) -> dict[str, Manifest]:
         """Every manifest; one that does not load stops the (re)load, while one
-        refused here (runs as root without the option, state in the way) is
-        logged and left out, the others loaded."""
+        refused here (a file inside a writable grant, runs as root without
+        the option, state in the way) is logged and left out, the others loaded."""
         table = None
         if os.geteuid() == 0 and self.config.state_root:
             table = ids.Table(self.config.state_root, self.config.dynamic_uids)
@@ -127,6 +127,11 @@ class Supervisor:
                                     dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
         out = {}
         for m in loaded.values():
+            held = manifests.writable_holding(m.source, loaded.values())
+            if held:
+                log(f"{m.source}: refused: it lies inside {held[0].name}'s writable grant {held[1]}, "
+                    "where that server could rewrite it")
+                continue
             spec, warning = self.visibility.logged(m.spec)
             m = dataclasses.replace(m, spec=spec)
             if warning:

@@ -6,7 +6,8 @@ a node_modules, a venv, /usr/share/<pkg>, ~/.cache/<tool>); /etc file by
 file; /proc/<pid> as /proc (it binds one process), flagged; writes only
 where learning let the server write (its state directory, /tmp, the
 --write paths): an attempt elsewhere is a proposal, never a grant. Never
-/, a whole home, or a path holding a secret location.
+/, a whole home, or a path holding a secret location; never a path a
+manifest cannot name exactly (names.writable): refused, listed.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..secrets import within
 from .exclude import Excluded, refusal
+from .names import writable as nameable
 from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
@@ -29,6 +31,7 @@ _SYSTEM_TREES = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/lib",
 _PACKAGE_PARENTS = ("/usr/share", "/opt", "/usr/local/share", "/usr/local/lib")
 _HOME_TOOL_PARENTS = (".cache", ".config", ".local/share", ".local/lib", ".local/state")
 _EVIDENCE = 2        # examples kept per grant
+UNNAMEABLE = "no manifest can name it exactly (its name is no UTF-8)"
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
             return   # an O_CREAT open of a --write file that was there: a CREATE names the directory
         given = next((w for w in layout.writable if within(path, w)), None)
         if given is not None:
-            _want(wants, given, {R, W, X} if a.kind == EXEC else {R, W}, "given with --write", a)
+            _want(p, wants, given, {R, W, X} if a.kind == EXEC else {R, W}, "given with --write", a)
             return
     why = refusal(path, layout.excluded)
     if why:
@@ -122,7 +125,7 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         return
     if within(path, layout.state_dir):
         if a.kind == EXEC:   # it runs what it put there: its state directory must execute
-            _want(wants, STATE_DIR, {R, W, X}, "its state directory, where it runs what it fetched", a)
+            _want(p, wants, STATE_DIR, {R, W, X}, "its state directory, where it runs what it fetched", a)
         return
     if within(path, layout.area) or within(path, layout.scratch):
         return   # the caches its profile keeps beside the state directory, or learn's own files
@@ -133,11 +136,14 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         if root is None:
             p.writes.setdefault(path, describe(a))
         else:
-            _want(wants, root, {R, W}, "/tmp, where learning let it write" if root == "/tmp" else
+            _want(p, wants, root, {R, W}, "/tmp, where learning let it write" if root == "/tmp" else
                   "where it wrote, in /tmp", a)
         return
     if a.kind == CONNECT_UNIX:
-        p.connect_unix.setdefault(path, describe(a))
+        if nameable(path):
+            p.connect_unix.setdefault(path, describe(a))
+        else:
+            p.refused.setdefault(f"{a.kind} {path}", UNNAMEABLE)
         return
     quiet = optional(a, layout)
     if quiet is not None:
@@ -157,7 +163,7 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
     if unsafe:
         p.refused.setdefault(f"{a.kind} {path}", unsafe)
         return
-    _want(wants, target, rights, reason, a)
+    _want(p, wants, target, rights, reason, a)
 
 
 def optional(a: Access, layout: Layout) -> str | None:
@@ -168,7 +174,10 @@ def optional(a: Access, layout: Layout) -> str | None:
     return next((q for q in layout.quiet if within(a.path, q)), None)
 
 
-def _want(wants: dict[str, Grant], path: str, rights: set[str], reason: str, a: Access) -> None:
+def _want(p: Proposal, wants: dict[str, Grant], path: str, rights: set[str], reason: str, a: Access) -> None:
+    if not nameable(path):
+        p.refused.setdefault(f"{a.kind} {a.path}", UNNAMEABLE)
+        return
     g = wants.setdefault(path, Grant(path, set(), reason))
     if W in rights and W not in g.rights:
         g.reason = reason   # why it is writable says more than why it is readable

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import learner
+    from . import destination, learner
 
 
 def add_arguments(learn: argparse.ArgumentParser) -> None:
@@ -99,22 +99,37 @@ def main(args: argparse.Namespace) -> int:
 def run(opts: learner.Options) -> int:
     """Learn, write the manifest, say how it went; the exit code."""
     from . import learner
+    from .destination import Refused
     if not os.path.isfile(learner.STRACE):
         return _fail(learner.EXIT_FAILED, f"learn needs strace ({learner.STRACE}): apt-get install strace")
     started = time.monotonic()
     try:
+        # Before the first round: the server could make links from then on.
+        where = None if opts.out == "-" else _destination(opts)
+    except (Refused, OSError) as e:
+        return _fail(learner.EXIT_USAGE, f"learn: --out {opts.out}: {e}")
+    try:
         one = learner.Learner(opts)
     except learner.LearnError as e:
+        if where is not None:
+            where.close()
         return _fail(e.code, str(e))
     try:
         text, proposal, validated = one.learn()
-        _write(opts.out, text)
+        if where is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            _refuse_own_grant(one, where, text)
+            where.write(text)
     except learner.runner.RunFailed as e:
         return _fail(learner.EXIT_UNAVAILABLE if e.unavailable else learner.EXIT_FAILED, f"learn: {e}")
     except (learner.LearnError, OSError) as e:
         return _fail(e.code if isinstance(e, learner.LearnError) else learner.EXIT_FAILED, f"learn: {e}")
     finally:
         one.close()
+        if where is not None:
+            where.close()
     for line in learner.summary(one, proposal, validated, time.monotonic() - started):
         print(line, file=sys.stderr)
     if opts.out != "-":
@@ -122,15 +137,37 @@ def run(opts: learner.Options) -> int:
     return learner.EXIT_OK if validated else learner.EXIT_NOT_VALIDATED
 
 
-def _write(out: str, text: str) -> None:
-    if out == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    tmp = f"{out}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+def _destination(opts: learner.Options) -> destination.Destination:
+    """--out's directory, opened; refused inside what the learning run may write."""
+    from ..secrets import within
+    from . import learner
+    from .destination import Destination, Refused
+    where = Destination(opts.out)
+    # The innermost: the --write path that holds it says more than /tmp.
+    grant = max((g for g in learner.learning_writes(opts) if within(where.path, g)), key=len, default=None)
+    if grant is not None:
+        where.close()
+        raise Refused(f"lies inside {grant}, which the server may write while it is learnt "
+                      "(it could rewrite the manifest, or plant links there): write it elsewhere")
+    return where
+
+
+def _refuse_own_grant(one: learner.Learner, where: destination.Destination, text: str) -> None:
+    """The learnt manifest, loaded as `serve` will load it, must not let its
+    server write where it is kept (the next load would take its policy)."""
+    from .. import manifest as manifests
+    from . import learner
+    path = os.path.join(one.private, "learnt.yaml")   # learn's own directory (0700)
+    with open(path, "w") as f:
         f.write(text)
-    os.replace(tmp, out)
+    try:
+        held = manifests.writable_holding(where.path, [manifests.load(path, state_root=one.real_state_root)])
+    except manifests.ManifestError as e:
+        raise learner.LearnError(f"the learnt manifest does not load: {e}") from None
+    if held is not None:
+        raise learner.LearnError(f"--out {where.path}: lies inside {held[1]}, which the learnt manifest lets "
+                                 "its server write (it could rewrite its own manifest): not written; "
+                                 "write it elsewhere", learner.EXIT_USAGE)
 
 
 def parse_env(pairs: Sequence[str]) -> Mapping[str, str]:

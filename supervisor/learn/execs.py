@@ -10,7 +10,7 @@ import shutil
 import struct
 from collections.abc import Mapping
 
-from ..profiles import shebang
+from ..profiles import regular_file, shebang
 
 _PT_INTERP = 3
 _MAX_DEPTH = 4      # the kernel's own limit on #! nesting (BINPRM_MAX_RECURSION)
@@ -19,7 +19,7 @@ _MAX_DEPTH = 4      # the kernel's own limit on #! nesting (BINPRM_MAX_RECURSION
 def elf_interpreter(path: str) -> str | None:
     """The PT_INTERP of a 64- or 32-bit little-endian ELF file, or None."""
     try:
-        with open(path, "rb") as f:
+        with regular_file(path) as f:
             head = f.read(64)
             if len(head) < 52 or head[:4] != b"\x7fELF" or head[5] != 1:
                 return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -23,8 +24,9 @@ from typing import Any
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
-from . import exclude, execs, render, runner
+from . import area, exclude, execs, render, runner
 from .collapse import Layout, Proposal
+from .names import clean
 from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
 
@@ -125,14 +127,15 @@ class Learner:
         real table (where `serve` will find it: a uid taken in a copy would
         be another server's there, and the files written while learning
         another's), then copied into the scratch state root with its area."""
+        uid = ids.Table(self.real_state_root).assign([self.name])[self.name] if self.root else os.getuid()
         real_area = os.path.join(self.real_state_root, "servers", self.name)
         os.makedirs(os.path.dirname(self.area), exist_ok=True)
-        if os.path.isdir(real_area):
-            shutil.copytree(real_area, self.area, symlinks=True)
-        os.makedirs(self.state_dir, exist_ok=True)   # else the area looks like the old layout, and is moved
+        if not area.copy(real_area, self.area, uid):   # no link followed: the server may write in it
+            os.mkdir(self.area, 0o700)
+        if not os.path.lexists(self.state_dir):
+            os.mkdir(self.state_dir, 0o700)   # else the area looks like the old layout, and is moved
         if not self.root:
-            return os.getuid(), tuple(os.getgroups())
-        uid = ids.Table(self.real_state_root).assign([self.name])[self.name]
+            return uid, tuple(os.getgroups())
         shutil.copyfile(os.path.join(self.real_state_root, ids.TABLE), os.path.join(self.state_root, ids.TABLE))
         return uid, (uid,)
 
@@ -173,10 +176,17 @@ class Learner:
         return tuple(p for name in self.profiles for p in PROFILE_PORTS.get(name, ()))
 
     def trace_dir(self, number: int) -> str:
+        """A directory strace (as the server's uid) writes. Made and chowned
+        in the scratch directory, root's 0755, which no server can write:
+        the name cannot have been swapped (the chown goes through its fd all the same)."""
         path = os.path.join(self.scratch, f"trace-{number}")
         os.mkdir(path, 0o700)
         if self.root:
-            os.chown(path, self.uid, self.uid)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchown(fd, self.uid, self.uid)
+            finally:
+                os.close(fd)
         return path
 
     # -- the runs -------------------------------------------------------------
@@ -194,7 +204,7 @@ class Learner:
     def learning_manifest(self, trace: str, layout: Layout) -> str:
         """Round 1's: the learning policy, the command under strace."""
         covering = exclude.covering_set([e.path for e in layout.excluded])
-        writable = ["/tmp", *self.opts.writes, trace]
+        writable = [*learning_writes(self.opts), trace]
         lines = render.top(self.draft, STRACE, strace_argv(os.path.join(trace, "t"),
                                                            [self.command, *self.draft.args])[1:])
         lines += ["sandbox:", f"  profiles: [{', '.join(self.profiles)}]", "  read_only:"]
@@ -287,6 +297,11 @@ class Learner:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def learning_writes(opts: Options) -> list[str]:
+    """What the learning run may write besides learn's scratch (its state, the traces)."""
+    return ["/tmp", *opts.writes]
+
+
 def absolute_arg(arg: str) -> str:
     """An argument naming an existing path relative to where learn runs
     (`dist/index.js`, `.`), made absolute: the server starts in its state
@@ -316,7 +331,7 @@ def strace_libraries() -> list[str]:
 
 
 def _outcome_text(outcomes: Sequence[Outcome]) -> str:
-    return ", ".join(f"{o.method}: {'ok' if o.ok else o.detail}" for o in outcomes) or "no reply"
+    return ", ".join(f"{o.method}: {'ok' if o.ok else clean(o.detail)}" for o in outcomes) or "no reply"
 
 
 def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: float) -> list[str]:
@@ -329,10 +344,12 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
                f"{grants - len(proposal.grants)} ports")
     for g in proposal.grants:
         if g.flag:
-            out.append(f"  broad: {g.cls} {g.path}: {g.flag}")
-    items = [f"  not granted (learn again with --write {path} to allow it): {why}"
+            out.append(f"  broad: {g.cls} {clean(g.path)}: {g.flag}")
+    # Paths and evidence are the server's: one escaped token each (the
+    # --write suggestion one shell word too).
+    items = [f"  not granted (learn again with --write {shlex.quote(clean(path))} to allow it): {clean(why)}"
              for path, why in sorted(proposal.writes.items())]
-    items += [f"  refused: {what}: {why}" for what, why in sorted(proposal.refused.items())]
+    items += [f"  refused: {clean(what)}: {clean(why)}" for what, why in sorted(proposal.refused.items())]
     out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
                              if len(items) > _SHOWN else [])
     if not validated:
@@ -340,5 +357,5 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
         out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else
                                          f"the session failed ({_outcome_text(last.outcomes)})"))
         if last.stderr.strip():
-            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])
+            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])   # the server's own, as it is
     return out

@@ -1,16 +1,18 @@
 """A proposal -> the commented YAML manifest `serve` loads as it is (and the variants learn's runs load).
 
 PyYAML writes no comments, so the text is written here: every string is
-JSON-quoted (a JSON string is a YAML double-quoted scalar), every grant has
-its why on its line. `${STATE_DIR}` is left for the loader to expand.
+double-quoted with every character but printable ASCII escaped (names.q),
+every grant has its why on its line. What a server chose reaches a comment escaped
+(names.clean): a line break there would end the comment and start YAML.
+`${STATE_DIR}` is left for the loader to expand.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .collapse import Grant, Proposal
+from .names import clean, q
 
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec")
 _WIDTH = 48   # the column comments start at
@@ -29,12 +31,8 @@ class Draft:
     uid: int | None = None     # otherwise: the invoking user, whose own supervisor runs it as itself
 
 
-def q(text: str) -> str:
-    return json.dumps(text)
-
-
 def _line(text: str, comment: str = "") -> str:
-    return f"{text:<{_WIDTH}} # {comment}".rstrip() if comment else text
+    return f"{text:<{_WIDTH}} # {clean(comment)}".rstrip() if comment else text
 
 
 def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = None) -> list[str]:
@@ -93,18 +91,18 @@ def not_granted(p: Proposal) -> list[str]:
     if p.writes:
         out.append("# Writes it attempted outside what learning let it write (not granted;")
         out.append("# learn again with --write PATH to allow one):")
-        out += [f"#   {path}: {why}" for path, why in sorted(p.writes.items())]
+        out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.writes.items())]
     if p.optional:
         out.append("# Left out: reads its profiles' programs do without (denied, they are harmless, and")
         out.append("# counted as suppressed where denials are seen):")
-        out += [f"#   {path}: {why}" for path, why in sorted(p.optional.items())]
+        out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.optional.items())]
     if p.refused:
         out.append("# Refused (never proposed):")
-        out += [f"#   {what}: {why}" for what, why in sorted(p.refused.items())]
+        out += [f"#   {clean(what)}: {clean(why)}" for what, why in sorted(p.refused.items())]
     return out
 
 
 def manifest(draft: Draft, p: Proposal, header: Sequence[str], profile_notes: Mapping[str, str]) -> str:
-    lines = [f"# {h}" if h else "#" for h in header]
+    lines = [f"# {clean(h)}" if h else "#" for h in header]
     lines += top(draft) + sandbox(p, profile_notes=profile_notes) + not_granted(p)
     return "\n".join(lines) + "\n"

@@ -124,9 +124,10 @@ def _tail(path: str) -> str:
 
 
 def trace_files(trace_dir: str) -> Iterator[tuple[str, list[str]]]:
-    """Each task's lines. Opened without following links and bounded in
-    size: the server shares the directory with strace and could plant
-    either. What it could forge there it could also have done."""
+    """Each task's lines. Opened without following links nor blocking (a
+    FIFO), regular files only, bounded in size: the server shares the
+    directory with strace and could plant any of them. What it could forge
+    there it could also have done."""
     budget = MAX_TRACE_BYTES
     try:
         names = sorted(os.listdir(trace_dir))
@@ -134,7 +135,7 @@ def trace_files(trace_dir: str) -> Iterator[tuple[str, list[str]]]:
         return
     for name in names:
         try:
-            fd = os.open(os.path.join(trace_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(os.path.join(trace_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             continue
         with os.fdopen(fd, "rb") as f:

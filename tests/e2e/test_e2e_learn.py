@@ -256,7 +256,8 @@ class Learnt:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[Home]:
-    h = Home(Path(tempfile.mkdtemp(prefix="llsv-learn-", dir="/tmp")))
+    # Not under /tmp: learn refuses to keep a manifest where the server may write.
+    h = Home(Path(tempfile.mkdtemp(prefix="llsv-learn-", dir="/var/tmp")))
     try:
         build(h)
         yield h

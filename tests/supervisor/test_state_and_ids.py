@@ -193,6 +193,28 @@ def test_hostile_state_entry_refuses_that_manifest_only(lab, planted):
 
 
 @pytest.mark.timeout(30)
+def test_a_manifest_inside_a_writable_grant_is_refused_alone_and_warned_about(lab):
+    """A server that may write where a manifest lies (its own, another's)
+    could rewrite it before the next load: serve refuses that manifest,
+    naming the grant, and serves the others; check warns."""
+    kept = lab.dir / "kept"
+    kept.mkdir()
+    writer = who_manifest(lab, "writer", sandbox={"read_write_noexec": [str(kept)]})
+    own = who_manifest(lab, "own", directory=kept, sandbox={"read_write_noexec": [str(kept)]})
+    other = who_manifest(lab, "other", directory=kept)
+    sv = lab.supervisor(manifests=[lab.manifest_dir, kept]).start()
+    assert sorted(sv.client.list()["manifests"]) == ["writer"]
+    for path in (own, other):
+        assert f"{path}: refused: it lies inside " in sv.log() and f"writable grant {kept}" in sv.log(), sv.log()
+    r = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", str(writer), str(own), str(other),
+                        "--state-root", str(lab.state_root)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    warned = {m["name"]: [w for w in m["warnings"] if "that server can rewrite it" in w]
+              for m in json.loads(r.stdout)["manifests"]}
+    assert not warned["writer"] and warned["own"] and warned["other"], warned
+    assert f"its file {other} lies inside " in warned["other"][0] and str(kept) in warned["other"][0]
+
+
+@pytest.mark.timeout(30)
 def test_children_live_in_the_supervisors_ipc_namespace(lab):
     lab.manifest("sleep", command="/bin/sleep", args=["5"])
     sv = lab.start()

@@ -63,6 +63,12 @@ TABLE = [
      {("read_write_noexec", "/data/out")}, set()),
     ("/tmp writes", [Access("create", "/tmp")], {("read_write_noexec", "/tmp")}, set()),
     ("learn's own files", [Access("read", "/var/tmp/learn/trace-1/t.1")], set(), set()),
+    ("a name a manifest writes exactly", [Access("exec", "/opt/x\n    - \"/home\"\n#\u2028\x1b")],
+     {("read_only", "/opt/x\n    - \"/home\"\n#\u2028\x1b")}, set()),
+    ("a name that is no UTF-8 is refused", [Access("exec", "/opt/bad\udcff")], set(), {"exec /opt/bad\udcff"}),
+    ("its directory is granted all the same", [Access("read", "/opt/pkg/bad\udcff")],
+     {("read_only_noexec", "/opt/pkg")}, set()),
+    ("a socket named so is refused", [Access("connect_unix", "/run/bad\udcff")], set(), {"connect_unix /run/bad\udcff"}),
 ]
 
 
@@ -153,3 +159,18 @@ def test_a_write_path_inside_an_excluded_home_is_granted_as_given() -> None:
                   Access("read", "/home/bob/notes")], layout)
     assert grants(p) == {("read_write_noexec", "/home/bob/shared")}
     assert set(p.refused) == {"read /home/bob/notes"}
+
+
+@pytest.mark.parametrize("path,ok", [
+    ("/usr/lib/x", True), ("/a b/#c: d/- e/{f}/*g/&h/'i'/\"j\"/\\k", True),
+    ("/x\ny", True), ("/x\ry", True), ("/x\u0085y", True), ("/x\u2028y\u2029", True), ("/x\x1b[2Jy", True),
+    ("/x\ty\x00", True), ("/caf\u00e9/\U0001f600", True), ("/x\ufeff\ufffe", True),
+    ("/bad\udcff", False), ("/bad\ud800", False),
+])
+def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
+    """names.writable: the JSON-quoted scalar parses back to exactly the path."""
+    from supervisor.learn.names import q, writable
+    from supervisor.manifest_yaml import parse
+    assert writable(path) == ok
+    if ok:
+        assert parse("t", f"p: {q(path)}".encode()) == {"p": path}
