@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         from .learn import command as learn_command
         return learn_command.main(args)
     if args.command == "run":
+        _warn_foreign_imports()
         if args.manifests and args.socket:
             return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
         private = None
@@ -195,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
+
+
+def _warn_foreign_imports() -> None:
+    """One line when this process imports from its working directory or
+    PYTHONPATH (`python -m supervisor`, PYTHONPATH set): whoever writes
+    there runs code as the client, before any line of ours can drop it."""
+    from .interpreter import foreign_here
+    foreign = foreign_here()
+    if foreign:
+        from .denied import clean
+        print(f"landlock-supervisor: warning: imports from the working directory or PYTHONPATH "
+              f"({clean(', '.join(p or '.' for p in foreign))}): code there runs as this client; in an MCP "
+              "client config start the landlock-supervisor command, without PYTHONPATH", file=sys.stderr, flush=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
