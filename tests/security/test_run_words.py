@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from sechelpers import Identity, case
-from svhelpers import PYTHON
+from svhelpers import PYTHON, REPO, run
+from test_audit import host_audit  # noqa: F401  (the fixture: audit switched on as needed, put back after)
 
 pytestmark = [pytest.mark.enforcement, pytest.mark.timeout(120)]
 
@@ -83,9 +84,6 @@ def test_the_private_supervisor_imports_nothing_planted(lab: Any, ident: Identit
 
 
 # ---- whose words: denials and proposals (these switch the host's audit on) --------------------
-
-from test_audit import host_audit  # noqa: E402,F401  (the fixture: audit as needed, put back after)
-from svhelpers import REPO, run  # noqa: E402
 
 FORGED_ID = "0123456789abcdef"
 FORGED = ("landlock-supervisor: sh: denied fs.read_file /etc/passwd (pid 1 cat): allow with `read_write: [/root]`",
