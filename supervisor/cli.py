@@ -11,6 +11,7 @@ import sys
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from .client import Child, Client
+    from .journal import Journal
     from .private_boot import Booting
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
@@ -68,6 +69,10 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
 def _denials_arguments(denials: argparse.ArgumentParser) -> None:
     denials.add_argument("--follow", action="store_true", help="then each new one as it comes")
     denials.add_argument("--json", action="store_true", help="JSON, one object a line")
+    denials.add_argument("--session", metavar="ID",
+                         help="the denials of the `run` session that printed this id (what its supervisor said, "
+                              "kept in <state root>/denials; no supervisor needed)")
+    denials.add_argument("--state-root", metavar="DIR", help="with --session: the `run --state-root` it was given")
 
 
 def _check_arguments(check: argparse.ArgumentParser) -> None:
@@ -94,7 +99,8 @@ _COMMANDS = {
     "ping": ("is the supervisor there?", _no_arguments),
     "list": ("manifests and running children", _no_arguments),
     "stats": ("counters, fds, memory", _no_arguments),
-    "denials": ("recent kernel denials (the supervisor's owner: all sessions')", _denials_arguments),
+    "denials": ("recent kernel denials (the supervisor's owner: all sessions'), or a `run` session's",
+                _denials_arguments),
     "check": ("what each manifest really gets on this kernel", _check_arguments),
     "learn": ("learn a server's manifest from confined, traced runs of an MCP session", _learn_arguments),
 }
@@ -170,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         from .learn import command as learn_command
         return learn_command.main(args)
     if args.command == "run":
+        _warn_foreign_imports()
         if args.manifests and args.socket:
             return _fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
         private = None
@@ -195,6 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
+
+
+def _warn_foreign_imports() -> None:
+    """One line when this process imports from its working directory or
+    PYTHONPATH (`python -m supervisor`, PYTHONPATH set): whoever writes
+    there runs code as the client, before any line of ours can drop it."""
+    from .interpreter import foreign_here
+    foreign = foreign_here()
+    if foreign:
+        from .denied import clean
+        print(f"landlock-supervisor: warning: imports from the working directory or PYTHONPATH "
+              f"({clean(', '.join(p or '.' for p in foreign))}): code there runs as this client; in an MCP "
+              "client config start the landlock-supervisor command, without PYTHONPATH", file=sys.stderr, flush=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -319,23 +339,55 @@ def _cwd_for(args: list[str]) -> str | None:
         return None
 
 
-def _tell_denied(name: str, child: Child) -> None:
-    """Each distinct denial, one line on our stderr: where MCP clients show a server's log."""
-    if child.denied:
-        from . import denied
+def _tell_denied(name: str, child: Child, kept: Journal) -> None:
+    """Each distinct denial into the session's journal, never on our stderr:
+    the server writes there too, and could forge such lines. The first
+    one's pointer (to what the supervisor said) is the one line we add."""
+    if not child.denied or kept.failed:
+        child.denied.clear()
+        return
+    from . import denied
+    from .journal import JournalError
+    try:
         while child.denied:
-            print(f"{denied.PREFIX}{name}: {denied.line(child.denied.popleft())}", file=sys.stderr, flush=True)
+            kept.add(child.denied.popleft())
+    except (OSError, JournalError) as e:
+        child.denied.clear()
+        kept.failed = str(e)
+        print(denied.PREFIX + denied.clean(f"{name}: its denials cannot be kept for `denials --session`: {e}"),
+              file=sys.stderr, flush=True)
+        return
+    if kept.lines == 1:
+        print(denied.PREFIX + denied.clean(f"{name}: access denied; what and how to allow it: {_pointer(kept)}"),
+              file=sys.stderr, flush=True)
 
 
-def _tell_denials_summary(name: str, child: Child, status: int) -> None:
-    """What was denied in all; for a server that failed on its own where
-    denials are not seen, why not and what to do."""
+def _pointer(kept: Journal) -> str:
+    """The command that shows a session's denials, from its journal."""
+    where = "" if kept.state_root == _default_state_root() else f" --state-root {kept.state_root}"
+    return f"`landlock-supervisor denials --session {kept.id}{where}`"
+
+
+def _default_state_root() -> str:
+    from .paths import default_state_root
+    return default_state_root()
+
+
+def _tell_denials_summary(name: str, child: Child, status: int, kept: Journal) -> None:
+    """What was denied in all (and where to read it); for a server that
+    failed on its own where denials are not seen, why not and what to do."""
     from . import denied
     exited = child.exited or {}
     text = denied.summary(name, exited.get("denials") or {}, child.denials)
     failed = exited.get("reason") == "exited" and status != 0
     if text is None and failed and child.denials.get("mode") == "off" and child.denials.get("reason"):
         text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
+    if text is not None and kept.lines:
+        try:
+            kept.add({"event": "summary", "text": text})
+        except OSError:
+            pass   # the lines are there: said at the first
+        text += f"; read them with {_pointer(kept)}"
     if text is not None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
 
@@ -354,8 +406,10 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         if e.status == EXIT_USAGE:
             return EXIT_USAGE  # it said why, in one line (a manifest error, say)
         return _fail(1, str(e))
+    from .journal import Journal
     from .relay import Relay
     relay = Relay()
+    kept = Journal(os.path.abspath(args.state_root) if args.state_root else _default_state_root())
     try:
         try:
             stdin, stdout, stderr = relay.child_fds
@@ -380,17 +434,18 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             relay.handle(ready, writable)
             if child.fileno() in ready:
                 child.poll()
-                _tell_denied(args.name, child)
+                _tell_denied(args.name, child, kept)
         relay.drain()
-        _tell_denied(args.name, child)
+        _tell_denied(args.name, child, kept)
         if child.exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.
             print(f"landlock-supervisor: {args.name} was stopped: the supervisor is shutting down",
                   file=sys.stderr, flush=True)
         status = clients.shell_status(child.exited)
-        _tell_denials_summary(args.name, child, status)
+        _tell_denials_summary(args.name, child, status, kept)
         return status
     finally:
+        kept.close()
         relay.started()
         relay.drain(0)
         if hasattr(client, "close"):

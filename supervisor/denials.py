@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from landlock import audit, rights
 
-from . import procfs, secrets
+from . import procfs, refusal
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -37,22 +37,17 @@ RECENT_MAX = 1000
 
 
 def home_dirs() -> frozenset[str]:
-    """The homes of the host's users, as /etc/passwd has them (and /root)."""
+    """The homes of the host's users as /etc/passwd has them, /root, what
+    /home holds, and this process's $HOME (set by the environment, as in
+    containers: passwd may not know it)."""
+    import os
     import pwd
-    return frozenset({"/root", *(p.pw_dir.rstrip("/") for p in pwd.getpwall() if p.pw_dir not in ("", "/"))})
-
-
-def refusal(path: str, homes: frozenset[str]) -> str | None:
-    """Why no manifest line is proposed for path, or None: `/`, a whole
-    home, a location holding credentials."""
-    path = path.rstrip("/") or "/"
-    if path == "/":
-        return "the whole filesystem"
-    if path in homes or path in ("/home", "/root"):
-        return "a whole home directory"
-    if secrets.secret(path, homes):
-        return "a location holding secrets"
-    return None
+    found = {"/root", os.environ.get("HOME") or "/", *(p.pw_dir for p in pwd.getpwall())}
+    try:
+        found |= {os.path.join("/home", n) for n in os.listdir("/home")}
+    except OSError:
+        pass
+    return refusal.known(found, ()).homes
 
 
 # The manifest's network keys, by the kernel's name of the right.
@@ -74,7 +69,7 @@ def _fs_rights(blockers: tuple[str, ...]) -> int | None:
 
 
 def allow_line(blockers: tuple[str, ...], path: str | None, port: int | None,
-               homes: frozenset[str]) -> tuple[str | None, str | None]:
+               known: refusal.Known) -> tuple[str | None, str | None]:
     """(the manifest line that would allow it, or None; why not): the
     narrowest class of landlock.rights.PATH_CLASSES holding every right
     denied. Pure: tested as a table."""
@@ -87,7 +82,7 @@ def allow_line(blockers: tuple[str, ...], path: str | None, port: int | None,
     cls = next((name for name, mask in _CLASSES if needed is not None and needed & mask == needed), None)
     if path is None or cls is None:
         return None, "no manifest class grants " + ",".join(sorted(blockers))
-    why = refusal(path, homes)
+    why = refusal.why_not(path, known)
     if why is not None:
         return None, f"not proposed: {why}"
     return f"{cls}: [{path}]", None
@@ -146,7 +141,9 @@ class Denials:
         self.session_of = session_of   # pid -> Session or None
         self.tell = tell               # (session, event): to its client, if it reads them (whether it went)
         self.follow = follow           # (event, the session's uid): to followers
-        self.homes = home_dirs()
+        # What no line proposes (refusal.py): the server adds its servers'
+        # HOMEs and its own directories once it knows them.
+        self.known = refusal.known(home_dirs(), ())
         self.domains: dict[int, Any] = {}                                   # domain -> Session
         self.pending: collections.OrderedDict[int, int] = collections.OrderedDict()   # pid -> domain
         self.pending_pid: dict[int, int] = {}                                   # domain -> pid
@@ -260,7 +257,7 @@ class Denials:
             return
         tally.seen[key] = 1
         tally.shown += 1
-        allow, why = allow_line(access.blockers, access.path if kind == "path" else None, access.port, self.homes)
+        allow, why = allow_line(access.blockers, access.path if kind == "path" else None, access.port, self.known)
         event: dict[str, Any] = {
             "event": "denied", "pid": session.pid, "manifest": session.manifest.name,
             "rights": list(access.blockers), "kind": kind, "object": obj,

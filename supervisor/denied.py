@@ -1,4 +1,4 @@
-"""Denials as a person reads them: one line each (on `run`'s stderr, where MCP clients show a server's log), a session's summary, `landlock-supervisor denials`.
+"""Denials as a person reads them: one line each (`landlock-supervisor denials`, and `--session ID` for what a `run` kept: journal.py), a session's summary.
 
 The names in a denial are the server's to choose (its files, its comm):
 every character that is not printable is escaped before it reaches a
@@ -60,7 +60,10 @@ def summary(name: str, denials: Mapping[str, Any], visibility: Mapping[str, Any]
 
 
 def main(args: argparse.Namespace) -> int:
-    """`landlock-supervisor denials [--follow] [--json]`."""
+    """`landlock-supervisor denials [--follow] [--json]`, or `--session ID`
+    (a `run` session's journal)."""
+    if args.session is not None:
+        return _session(args.session, args.state_root, args.json)
     from . import client as clients
     client = clients.Client(args.socket)
     try:
@@ -98,3 +101,22 @@ def _show(message: Mapping[str, Any], as_json: bool) -> None:
         else:
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {message.get('pid')} {line(message, True)}",
                   flush=True)
+
+
+def _session(session: str, state_root: str | None, as_json: bool) -> int:
+    """What the supervisor said of a `run` session's denials, as `run` kept it (journal.py)."""
+    from . import journal
+    from .paths import default_state_root
+    try:
+        entries = journal.read(state_root or default_state_root(), session)
+    except (OSError, journal.JournalError) as e:
+        print(PREFIX + clean(e), file=sys.stderr)
+        return 1
+    for entry in entries:
+        if as_json:
+            print(json.dumps(entry, sort_keys=True))
+        elif entry.get("event") == "summary":
+            print(clean(entry.get("text")))
+        else:
+            print(clean(f"pid {entry.get('pid')} {line(entry, with_manifest=True)}"))
+    return 0

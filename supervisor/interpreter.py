@@ -38,6 +38,32 @@ def import_paths(modules: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def foreign_paths(path: Sequence[str], cwd: str, pythonpath: str, ours: str) -> list[str]:
+    """The entries of `path` that came from the working directory (what
+    `python -m` and `-c` put first: the cwd, or '') or from PYTHONPATH
+    (`pythonpath`, as the environment has it), but `ours`, the directory
+    holding our own packages (an editable install's checkout, say). Pure:
+    tested as a table."""
+    given = {os.path.normpath(os.path.join(cwd, p)) for p in pythonpath.split(os.pathsep) if p}
+    out = []
+    for i, entry in enumerate(path):
+        where = os.path.normpath(os.path.join(cwd, entry))
+        if where != os.path.normpath(ours) and ((i == 0 and where == os.path.normpath(cwd)) or where in given):
+            out.append(entry)
+    return out
+
+
+def foreign_here() -> list[str]:
+    """This process's foreign_paths (none when started -I, -E or -P: the
+    interpreter put none there)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = "/"   # removed: then no entry is the cwd, and '' imports nothing
+    pythonpath = "" if sys.flags.ignore_environment else os.environ.get("PYTHONPATH", "")
+    return foreign_paths(sys.path, cwd, pythonpath, import_paths(["supervisor"])[0])
+
+
 def argv(code: str, modules: Iterable[str], args: Sequence[str] = ()) -> list[str]:
     """`python -I -S -c CODE ARGS...` able to import these modules."""
     paths = import_paths(modules)

@@ -6,7 +6,9 @@ its working directory or PYTHON* variables is imported there. fork() is
 `run --manifests`'s, at the top of its main before any thread and before it
 imports its client: the supervisor's start-up (its imports, the manifest)
 then runs beside the rest of `run`'s own on the other core, without a
-second interpreter's.
+second interpreter's; the fork drops the working directory and PYTHONPATH
+from its sys.path first (what ran before, a sitecustomize.py on PYTHONPATH
+say, it cannot undo: cli warns).
 """
 from __future__ import annotations
 
@@ -107,7 +109,11 @@ def fork(manifests: Sequence[str] | str, *, state_root: str | None = None, only:
 def _serve_here(control: int, args: list[str]) -> int:
     """In the fork: the fds as launch() leaves them (stdio 0 and 1 on
     /dev/null, stderr kept, the control channel on fd 3, nothing else),
-    then `serve`; its exit status. Nothing may unwind into the proxy's code."""
+    then `serve`; its exit status. Nothing may unwind into the proxy's code.
+    The cwd and PYTHONPATH entries of `python -m supervisor run` leave
+    sys.path before any import: a `yaml.py` there is not the supervisor's."""
+    foreign = interpreter.foreign_here()
+    sys.path[:] = [p for p in sys.path if p not in foreign]
     try:
         control = fcntl.fcntl(control, fcntl.F_DUPFD_CLOEXEC, CONTROL_FD + 1)   # off whatever fds 0-3 hold
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

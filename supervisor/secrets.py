@@ -27,12 +27,22 @@ def within(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def secret(path: str, homes: frozenset[str] | tuple[str, ...]) -> bool:
-    """Whether path is, or is inside, a location holding credentials (in
-    any of `homes`, or the system's), or is a .env file."""
-    if any(within(path, s) for s in SYSTEM_SECRETS) or is_env_file(os.path.basename(path)):
+def secret(path: str) -> bool:
+    """Whether path is, or is inside, a location holding credentials,
+    wherever it lies: a run of components of HOME_SECRETS anywhere in it
+    (`.ssh`, `.config/gh`: in a home /etc/passwd does not list, under a
+    $HOME set by the environment, in a project), a `.env` file (or a
+    directory of that name), the system's own."""
+    if any(within(path, s) for s in SYSTEM_SECRETS):
         return True
     name = os.path.basename(path)
     if os.path.dirname(path) == SSH_HOST_KEYS and name.startswith("ssh_host_") and name.endswith("_key"):
         return True
-    return any(within(path, os.path.join(home, s)) for home in homes for s in HOME_SECRETS)
+    parts = [p for p in path.split("/") if p]
+    if any(is_env_file(p) for p in parts):
+        return True
+    return any(parts[i:i + len(run)] == run for run in _SECRET_RUNS for i in range(len(parts) - len(run) + 1))
+
+
+# HOME_SECRETS as runs of components.
+_SECRET_RUNS = tuple(s.split("/") for s in HOME_SECRETS)

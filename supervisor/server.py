@@ -15,7 +15,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import audit, ids, listener, namespaces, peers, policy, procfs, state
+from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
@@ -111,6 +111,7 @@ class Supervisor:
         except BaseException:
             self.visibility.close()
             raise
+        self._protect()
 
     # ---- start-up, reload, shutdown ------------------------------------
 
@@ -147,6 +148,18 @@ class Supervisor:
         if self.isolation is not None:
             self.isolation.users(_dynamic_users(out))
         return out
+
+    def _protect(self) -> None:
+        """What the denial lines never propose (refusal.py): the homes of
+        passwd and ours, each server's HOME, our state root, parsed
+        manifests and socket directory."""
+        if self.visibility.denials is None:
+            return
+        root = self.config.state_root
+        homes = {*denials.home_dirs(), *(dict(m.env).get("HOME") for m in self.manifests.values())}
+        own = [root, root and os.path.join(root, "parsed"),
+               self.config.socket_path and os.path.dirname(os.path.abspath(self.config.socket_path))]
+        self.visibility.denials.known = refusal.known(homes, own)
 
     def serve(self) -> int:
         if self.booting is None:
@@ -197,6 +210,7 @@ class Supervisor:
             log(f"reload failed, keeping the {len(self.manifests)} manifest(s) in force: {e}")
             return
         self.manifests = new
+        self._protect()
         self.zygote.drain()
         self.confinements.clear()
         log(f"reloaded {len(new)} manifest(s)")

@@ -4,6 +4,7 @@
         state/                          $STATE_DIR, the default cwd (the server's)
         npm-cache/ uv-cache/ uv-tools/  profile caches (the server's), siblings of state
     <state root>/parsed/                manifests the supervisor parsed (manifest_file.read)
+    <state root>/denials/               `run`'s, not made here (journal.py)
 
 A grant inside a directory its server may write can be swapped for a
 symlink before the next spawn's rules are built; siblings in a directory

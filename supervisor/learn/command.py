@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
         real = os.path.realpath(path)
         why = ("never /" if real == "/" else
                "a home directory, or a directory holding one" if any(secrets.within(h, real) for h in homes)
-               else "a location holding secrets" if secrets.secret(real, homes) else None)
+               else "a location holding secrets" if secrets.secret(real) else None)
         if why:
             return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why})")
         writes.append(real)

@@ -12,6 +12,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..refusal import Known, why_not
 from ..secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
 
 @dataclass(frozen=True)
@@ -65,13 +66,15 @@ def excluded(own_home: str | None, project_dirs: Iterable[str], state_roots: Ite
 
 def refusal(path: str, excluded: Iterable[Excluded]) -> str | None:
     """Why `path` may not be granted (it is, or is inside, an excluded
-    path; or is a .env file anywhere), or None."""
+    path), or what the supervisor's one table refuses of any path: `/`,
+    a secret location wherever it lies (`.ssh`, `.aws`, `.env`...)."""
     for e in excluded:
         if within(path, e.path):
             return e.why
-    if is_env_file(os.path.basename(path)):
-        return "a .env file"
-    return None
+    return why_not(path, ANYWHERE)
+
+
+ANYWHERE = Known()   # the table's rules that need no knowledge of this host: the excluded paths hold the rest
 
 
 DIR, LINK, OTHER = "dir", "link", "other"

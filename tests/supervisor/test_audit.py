@@ -190,21 +190,32 @@ def test_denials_command_lists_and_follows(lab: Any, host_audit: Any) -> None:
     assert "sh: denied fs.read_file /etc/hostname" in out.stdout
 
 
-def test_run_writes_each_denial_on_stderr(lab: Any, host_audit: Any) -> None:
+def test_run_keeps_each_denial_for_denials_session(lab: Any, host_audit: Any) -> None:
     lab.stock()
     sv = lab.start(extra=["--audit", "detail"])
+    journal = lab.dir / "client-state"
     # cat's own complaint silenced: the server writes to the same stderr as
     # `run`, and two writers can interleave within a line.
-    proc = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(sv.socket_path), "sh",
-                           "cat /etc/hostname 2>/dev/null; cat /etc/hostname 2>/dev/null; exit 1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
+    proc = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(sv.socket_path), "--state-root",
+                           str(journal), "sh", "cat /etc/hostname 2>/dev/null; cat /etc/hostname 2>/dev/null; exit 1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if l.startswith("landlock-supervisor: sh: ")]
-    assert lines and "(pid " in lines[0], proc.stderr
-    assert lines[0] == ("landlock-supervisor: sh: denied fs.read_file /etc/hostname (pid "
-                        f"{lines[0].split('(pid ')[1].split()[0]} cat): allow with "
-                        "`read_only_noexec: [/etc/hostname]`"), proc.stderr
-    assert "the kernel denied 2 access(es); 1 shown" in lines[-1]
+    session = lines[0].split("--session ")[1].split()[0]
+    pointer = f"`landlock-supervisor denials --session {session} --state-root {journal}`"
+    assert lines == [f"landlock-supervisor: sh: access denied; what and how to allow it: {pointer}",
+                     f"landlock-supervisor: sh: the kernel denied 2 access(es); 1 shown; read them with {pointer}"], \
+        proc.stderr
+    out = subprocess.run([PYTHON, "-m", "supervisor", "denials", "--session", session, "--state-root", str(journal)],
+                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    shown = out.stdout.splitlines()
+    assert shown[0] == ("pid " + shown[0].split()[1] + " sh: denied fs.read_file /etc/hostname (pid "
+                        f"{shown[0].split('(pid ')[1].split()[0]} cat): allow with "
+                        "`read_only_noexec: [/etc/hostname]`"), out.stdout
+    assert shown[1:] == ["sh: the kernel denied 2 access(es); 1 shown"], out.stdout
+    assert os.stat(journal / "denials").st_mode & 0o777 == 0o700
+    assert os.stat(journal / "denials" / f"{session}.jsonl").st_mode & 0o777 == 0o600
 
 
 def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, host_audit: Any) -> None:

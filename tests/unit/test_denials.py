@@ -10,7 +10,7 @@ import pytest
 
 from landlock import audit
 from supervisor import denials as d
-from supervisor import denied
+from supervisor import denied, refusal
 from supervisor.audit import domain_logging
 
 # Records as this kernel (6.18) wrote them (docs in shared/notes), hex forms included.
@@ -54,7 +54,7 @@ def test_records_are_parsed_from_a_datagram() -> None:
     assert len(got) == 9                            # the login record is not ours to keep
 
 
-HOMES = frozenset({"/root", "/home/ann"})
+KNOWN = refusal.known({"/root", "/home/ann"}, ("/srv/llsv-state",))
 
 
 @pytest.mark.parametrize("blockers, path, port, line", [
@@ -77,10 +77,12 @@ HOMES = frozenset({"/root", "/home/ann"})
     (("fs.read_file",), "/home/ann/proj/.env", None, None),
     (("fs.read_file",), "/etc/shadow", None, None),
     (("fs.change_topology",), "/mnt", None, None),
+    (("fs.read_file",), "/srv/llsv-state/parsed/x.json", None, None),   # the supervisor's state root
+    (("fs.read_file",), "/srv/home/bob/.ssh/id_test", None, None),      # a home passwd does not list
 ])
 def test_the_manifest_line_that_would_allow_it(blockers: tuple[str, ...], path: str | None, port: int | None,
                                                line: str | None) -> None:
-    allow, why = d.allow_line(blockers, path, port, HOMES)
+    allow, why = d.allow_line(blockers, path, port, KNOWN)
     assert allow == line
     assert (why is None) == (line is not None)
 
