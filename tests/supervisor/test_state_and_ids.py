@@ -81,7 +81,8 @@ def test_dynamic_user_gets_a_stable_uid_home_user_and_a_passwd_entry(lab):
     sv = lab.start()
     first, second = who(sv.client, "dyn"), who(sv.client, "dyn2")
     lo, hi = ids.DEFAULT_DYNAMIC_UIDS
-    assert lo <= first["uid"] <= hi and first["gid"] == first["uid"], first
+    glo, ghi = ids.DEFAULT_SESSION_GIDS
+    assert lo <= first["uid"] <= hi and glo <= first["gid"] <= ghi, first   # a session gid, as without `group:`
     assert second["uid"] != first["uid"], (first, second)
     state_dir = str(lab.state_root / "servers" / "dyn" / "state")
     assert first["env"] == {"HOME": state_dir, "USER": "llsv-dyn", "LOGNAME": "llsv-dyn", "STATE_DIR": None}, first
