@@ -51,6 +51,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="also the denials of a server's own Landlock domains (off: a server could flood)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
+    # learn's scratch supervisor: its manifest's dynamic uid is the one recorded for the real state root.
+    serve.add_argument("--dynamic-uids-of", metavar="DIR", help=argparse.SUPPRESS)
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -251,6 +253,7 @@ def _serve(args: argparse.Namespace) -> int:
                     state_root=state_root, limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
                     session_gids=session_gids if os.geteuid() == 0 else None, only=args.only,
+                    dynamic_uids_of=args.dynamic_uids_of,
                     audit=args.audit, audit_nested=args.audit_nested)
     try:
         supervisor = Supervisor(config, early)

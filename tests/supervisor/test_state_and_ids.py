@@ -49,7 +49,7 @@ def who(client, name):
 
 
 def table(lab):
-    return dict(line.split() for line in (lab.state_root / ids.TABLE).read_text().splitlines())
+    return {name: str(uid) for name, uid in ids.Table(str(lab.state_root)).names().items()}
 
 
 @pytest.mark.timeout(30)
@@ -118,6 +118,55 @@ def test_table_never_hands_one_uid_to_two_names(tmp_path):
     assert len(set(got)) == 24
     again = ids.Table(root).assign([f"m{i}" for i in range(24)])
     assert [again[f"m{i}"] for i in range(24)] == got
+
+
+@pytest.mark.timeout(30)
+def test_earlier_tables_carried_into_the_host_table(lab, tmp_path):
+    """A state root's own `dynamic-users` (an earlier version's) is carried
+    in with its uids at the first start; a uid it names is never given to
+    another key, and the host table is where the supervisor looks from then on."""
+    hi = ids.DEFAULT_DYNAMIC_UIDS[1]   # the suite's table hands out the range from its start
+    kept, lo = hi - 7, hi - 8
+    lab.state_root.mkdir()
+    (lab.state_root / ids.OLD_TABLE).write_text(f"dyn {kept}\nunused {lo}\n")
+    who_manifest(lab, "dyn")
+    sv = lab.start()
+    assert who(sv.client, "dyn")["uid"] == kept
+    sv.stop()
+    assert table(lab) == {"dyn": str(kept), "unused": str(lo)}
+    # Another state root's manifests, of those very names, get other uids.
+    other = ids.Table(str(tmp_path / "other")).assign(["dyn", "unused"])
+    assert kept not in other.values() and lo not in other.values()
+    (lab.state_root / ids.OLD_TABLE).unlink()
+    sv = lab.start()
+    assert who(sv.client, "dyn")["uid"] == kept
+
+
+def test_host_table_written_by_root_only_and_never_through_a_link(tmp_path):
+    """The table lies in a directory only root may write and is replaced by
+    rename; a link in its place is not followed, a directory others may
+    write is refused."""
+    directory = tmp_path / "ids"
+    t = ids.Table(str(tmp_path / "root"), path=str(directory / "table"))
+    uid = t.assign(["fs"])["fs"]
+    st = os.lstat(directory / "table")
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
+    assert f"{uid} fs {tmp_path / 'root'}\n" in (directory / "table").read_text()   # (the host's default root's too)
+    assert sorted(os.listdir(directory)) == ["table", "table.lock"]   # no temp file left
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    os.rename(directory / "table", tmp_path / "saved")
+    os.symlink(victim, directory / "table")
+    with pytest.raises(OSError):
+        t.assign(["other"])
+    assert victim.read_text() == "x" and os.path.islink(directory / "table")
+    os.unlink(directory / "table")
+    os.rename(tmp_path / "saved", directory / "table")
+    os.chmod(directory, 0o777)
+    with pytest.raises(ids.IdError, match="only the supervisor's user may write"):
+        t.assign(["fs"])
+    with pytest.raises(ids.IdError):
+        t.peek("fs")
 
 
 def test_ranges_checked():
