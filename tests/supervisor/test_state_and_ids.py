@@ -140,6 +140,13 @@ def test_earlier_tables_carried_into_the_host_table(lab, tmp_path):
     (lab.state_root / ids.OLD_TABLE).unlink()
     sv = lab.start()
     assert who(sv.client, "dyn")["uid"] == kept
+    # check reads the host table too: the uid the manifest has; none yet for a new name.
+    who_manifest(lab, "zz-new")
+    out = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", "--state-root", str(lab.state_root),
+                          "--manifests", str(lab.manifest_dir)], cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    got = {e["name"]: e.get("dynamic_uid") for e in json.loads(out.stdout)["manifests"]}
+    assert got == {"dyn": kept, "zz-new": None}, out.stderr
 
 
 def test_host_table_written_by_root_only_and_never_through_a_link(tmp_path):
