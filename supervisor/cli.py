@@ -17,6 +17,7 @@ EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
+HOST_TABLE = "/var/lib/landlock-supervisor/dynamic-uids"
 _ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of uid 0). Their children drop "
               "every capability, yet root owns most of the system: a compromised server can chmod root-owned "
               "files (make a copy of /bin/sh set-uid root), so any local user can become root through it. "
@@ -32,7 +33,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
     serve.add_argument("--allow-root-servers", action="store_true", help=_ROOT_HELP)
     serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
-                       help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s)")
+                       help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s), "
+                            f"recorded for the whole host in {HOST_TABLE}")
     serve.add_argument("--session-gids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_SESSION_GIDS,
                        help="a root supervisor's per-session gids (default %(default)s)")
     serve.add_argument("--max-connections", type=int, default=512, metavar="N",

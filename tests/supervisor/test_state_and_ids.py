@@ -111,13 +111,17 @@ def _assign(args):
 
 
 @pytest.mark.timeout(30)
-def test_table_never_hands_one_uid_to_two_names(tmp_path):
-    root = str(tmp_path)
+def test_table_never_hands_one_uid_to_two_keys(tmp_path):
+    """Four processes at once, for two state roots with the same names: one
+    uid per (state root, name), whatever the order."""
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    keys = [(root, f"m{i}") for i in range(12) for root in roots]
     with Pool(4) as pool:
-        got = pool.map(_assign, [(root, f"m{i}") for i in range(24)])
+        got = pool.map(_assign, keys)
     assert len(set(got)) == 24
-    again = ids.Table(root).assign([f"m{i}" for i in range(24)])
-    assert [again[f"m{i}"] for i in range(24)] == got
+    for root in roots:
+        again = ids.Table(root).assign([f"m{i}" for i in range(12)])
+        assert [again[name] for r, name in keys if r == root] == [uid for (r, _), uid in zip(keys, got) if r == root]
 
 
 @pytest.mark.timeout(30)

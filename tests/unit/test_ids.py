@@ -48,3 +48,10 @@ def test_assign_refuses_when_the_range_is_spent():
     full = {(A, f"m{i}"): 100 + i for i in range(6)}
     with pytest.raises(ids.IdError, match="no uid left"):
         ids.assign(full, [(B, "fs")], RANGE)
+
+
+def test_the_clis_copies_of_the_defaults_are_the_same():
+    """cli repeats them (importing ids would load pwd and grp for `ping`)."""
+    from supervisor import cli
+    assert (cli.DEFAULT_DYNAMIC_UIDS, cli.DEFAULT_SESSION_GIDS, cli.HOST_TABLE) == (
+        ids.DEFAULT_DYNAMIC_UIDS, ids.DEFAULT_SESSION_GIDS, ids.HOST_TABLE)
