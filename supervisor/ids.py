@@ -25,9 +25,13 @@ import pwd
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from .paths import ROOT_STATE
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
@@ -38,7 +42,8 @@ HOST_TABLE = "/var/lib/landlock-supervisor/dynamic-uids"
 TABLE_ENV = "LANDLOCK_SUPERVISOR_DYNAMIC_UIDS"   # moves HOST_TABLE (the test suite's own)
 OLD_TABLE = "dynamic-users"      # a state root's own table, before the host's
 USER_PREFIX = "llsv-"
-_OLD_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63}) ([0-9]+)$")
+_HOST_LINE = re.compile(r"^(?P<uid>[0-9]{1,10}) (?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) (?P<root>/.*)$")
+_OLD_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) (?P<uid>[0-9]{1,10})$")
 Key = tuple[str, str]            # (state root, manifest name)
 
 
@@ -223,50 +228,51 @@ class Table:
         return fd
 
 
-_HOST_LINE = re.compile(r"^([0-9]+) ([A-Za-z0-9][A-Za-z0-9._-]{0,63}) (/.*)$")
+# Never a link; a FIFO planted in its place does not block the open.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _read(directory: int, name: str, path: str) -> dict[Key, int]:
+def _text(open_it: Callable[[], int], path: str) -> str | None:
+    """The file's text, None if it is missing; it must be a regular file of
+    this process's uid that no one else may write (a planted line could
+    name any uid), opened without following a link."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
-    except FileNotFoundError:
-        return {}
-    with os.fdopen(fd) as f:
+        fd = open_it()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with os.fdopen(fd, encoding="utf-8", errors="surrogateescape") as f:   # a path is any bytes
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
             raise IdError(f"{path}: not a regular file of uid {os.geteuid()} that only it may write")
-        text = f.read(1 << 24)
-    out: dict[Key, int] = {}
-    uids: set[int] = set()
-    for number, line in enumerate(text.splitlines(), 1):
-        m = _HOST_LINE.match(line)
-        if not m:
-            raise IdError(f"{path}:{number}: expected `UID NAME STATE_ROOT`, got {line[:100]!r}")
-        uid, key = int(m.group(1)), (m.group(3), m.group(2))
-        if key in out or uid in uids:
-            raise IdError(f"{path}:{number}: {line[:100]!r} repeats a key or a uid")
-        out[key] = uid
-        uids.add(uid)
-    return out
+        return f.read(1 << 24)
+
+
+def _lines(text: str | None, path: str, pattern: re.Pattern[str], form: str) -> Iterator[re.Match[str]]:
+    for number, line in enumerate((text or "").splitlines(), 1):
+        m = pattern.match(line)
+        if not m or not 0 < int(m.group("uid")) <= MAX_ID:
+            raise IdError(f"{path}:{number}: expected `{form}` (a uid from 1 to {MAX_ID}), got {line[:100]!r}")
+        yield m
+
+
+def _read(directory: int, name: str, path: str) -> dict[Key, int]:
+    text = _text(lambda: os.open(name, _READ, dir_fd=directory), path)
+    return _distinct([((m.group("root"), m.group("name")), int(m.group("uid")))
+                      for m in _lines(text, path, _HOST_LINE, "UID NAME STATE_ROOT")], path)
 
 
 def _read_old(path: str) -> dict[str, int]:
     """An earlier version's `<state root>/dynamic-users`: `NAME UID` a line."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    with os.fdopen(fd) as f:
-        text = f.read(1 << 22)
-    out: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        m = _OLD_LINE.match(line)
-        if not m:
-            raise IdError(f"{path}:{number}: expected `NAME UID`, got {line[:100]!r}")
-        name, uid = m.group(1), int(m.group(2))
-        if name in out or uid in out.values():
-            raise IdError(f"{path}:{number}: {name} {uid} repeats a name or a uid")
-        out[name] = uid
+    text = _text(lambda: os.open(path, _READ), path)
+    return _distinct([(m.group("name"), int(m.group("uid"))) for m in _lines(text, path, _OLD_LINE, "NAME UID")],
+                     path)
+
+
+def _distinct(pairs: list[tuple[Any, int]], path: str) -> dict[Any, int]:
+    """The table of these (key, uid) lines: each key once, each uid once."""
+    out = dict(pairs)
+    if len(out) != len(pairs) or len(set(out.values())) != len(pairs):
+        raise IdError(f"{path}: a key or a uid is given twice")
     return out
 
 
@@ -277,7 +283,7 @@ def _write(directory: int, name: str, table: Mapping[Key, int]) -> None:
     try:
         try:
             os.write(fd, "".join(f"{uid} {n} {root}\n" for (root, n), uid in sorted(
-                table.items(), key=lambda item: item[1])).encode())
+                table.items(), key=lambda item: item[1])).encode("utf-8", "surrogateescape"))
             os.fsync(fd)
         finally:
             os.close(fd)

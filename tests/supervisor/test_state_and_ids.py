@@ -180,6 +180,28 @@ def test_host_table_written_by_root_only_and_never_through_a_link(tmp_path):
         t.peek("fs")
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("planted", ["others may write it", "uid 0", "a fifo", "another owner"])
+def test_an_earlier_table_that_could_be_planted_is_refused(tmp_path, planted):
+    """A state root may lie where others can write (`--state-root` is any
+    directory): its old `dynamic-users` is carried only if it is root's and
+    only root's, names no uid 0, and a FIFO in its place does not hang the
+    supervisor."""
+    root = tmp_path / "root"
+    root.mkdir()
+    old = root / ids.OLD_TABLE
+    if planted == "a fifo":
+        os.mkfifo(old, 0o600)
+    else:
+        old.write_text("fs 0\n" if planted == "uid 0" else "fs 1879048999\n")
+        os.chmod(old, 0o666 if planted == "others may write it" else 0o644)
+        if planted == "another owner":
+            os.chown(old, 64199, 64199)
+    t = ids.Table(str(root), path=str(tmp_path / "ids" / "table"))
+    with pytest.raises(ids.IdError):
+        t.assign(["fs"])
+
+
 def test_ranges_checked():
     with pytest.raises(ids.IdError, match="overlap"):
         ids.check_ranges((1879048192, 1879113727), (1879113727, 1879179263))
