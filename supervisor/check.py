@@ -149,7 +149,8 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         print(f"\n{e['name']} ({e['source']})")
         print(f"  command: {' '.join(e['command'])}")
         if "dynamic_uid" in e:
-            print(f"  runs as dynamic uid {e['dynamic_uid']} (gid the same)" if e["dynamic_uid"] is not None
+            print(f"  runs as dynamic uid {e['dynamic_uid']} (each session with a gid of its own)"
+                  if e["dynamic_uid"] is not None
                   else "  runs as a dynamic uid, given at the supervisor's first start")
         if e["inherit_env"]:
             have = [k for k, present in e["inherit_env"].items() if present]

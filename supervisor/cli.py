@@ -18,6 +18,7 @@ EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
+HOST_TABLE = "/var/lib/landlock-supervisor/dynamic-uids"
 _ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of uid 0). Their children drop "
               "every capability, yet root owns most of the system: a compromised server can chmod root-owned "
               "files (make a copy of /bin/sh set-uid root), so any local user can become root through it. "
@@ -33,7 +34,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
     serve.add_argument("--allow-root-servers", action="store_true", help=_ROOT_HELP)
     serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
-                       help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s)")
+                       help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s), "
+                            f"recorded for the whole host in {HOST_TABLE}")
     serve.add_argument("--session-gids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_SESSION_GIDS,
                        help="a root supervisor's per-session gids (default %(default)s)")
     serve.add_argument("--max-connections", type=int, default=512, metavar="N",
@@ -52,6 +54,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="also the denials of a server's own Landlock domains (off: a server could flood)")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
+    # learn's scratch supervisor: its manifest's dynamic uid is the one recorded for the real state root.
+    serve.add_argument("--dynamic-uids-of", metavar="DIR", help=argparse.SUPPRESS)
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -271,6 +275,7 @@ def _serve(args: argparse.Namespace) -> int:
                     state_root=state_root, limits=limits,
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
                     session_gids=session_gids if os.geteuid() == 0 else None, only=args.only,
+                    dynamic_uids_of=args.dynamic_uids_of,
                     audit=args.audit, audit_nested=args.audit_nested)
     try:
         supervisor = Supervisor(config, early)

@@ -1,11 +1,20 @@
 """Ids a root supervisor hands out without the administrator creating users.
 
-`user: dynamic` gets a uid (its gid the same number) from a reserved range,
-recorded in `<state root>/dynamic-users`: one `NAME UID` line per manifest,
-never removed, so a manifest keeps its uid across restarts (its state stays
-its own) and a uid once given is never given to another manifest. The
-table is read and rewritten under flock on `dynamic-users.lock`: two
-supervisors on one state root never hand out one uid twice.
+`user: dynamic` gets a uid from a reserved range, recorded in one table
+for the whole host (HOST_TABLE, whatever `--state-root` says; only
+$LANDLOCK_SUPERVISOR_DYNAMIC_UIDS moves it, as the test suite does): one
+`UID NAME STATE_ROOT` line per (state root, manifest name), never removed,
+so a manifest keeps its uid across restarts (its state stays its own) and
+a uid once recorded is never given to another key: two supervisors with
+different state roots never run two servers as one uid. The table is read
+and rewritten under flock on its `.lock`, by root, in a directory only
+root may write, never following a link (a temp file renamed over it).
+
+Tables of earlier versions (`<state root>/dynamic-users`, `NAME UID` a
+line, one per state root) are carried in with their uids: the own state
+root's and the default one's, at each assignment; an entry whose uid the
+host table already gives another key is not carried (that manifest gets a
+new uid).
 """
 from __future__ import annotations
 
@@ -14,16 +23,28 @@ import grp
 import os
 import pwd
 import re
-from collections.abc import Iterable
+import secrets
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from .paths import ROOT_STATE
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
 # The ids the test suites use (inside the next one, named first), and systemd's DynamicUser= range.
 RESERVED = (("the test suites' ids", 64000, 64999), ("systemd's DynamicUser range", 61184, 65519))
 MAX_ID = 2**32 - 2          # (uid_t)-1 means "unchanged" to the kernel
-TABLE = "dynamic-users"
+HOST_TABLE = "/var/lib/landlock-supervisor/dynamic-uids"
+TABLE_ENV = "LANDLOCK_SUPERVISOR_DYNAMIC_UIDS"   # moves HOST_TABLE (the test suite's own)
+OLD_TABLE = "dynamic-users"      # a state root's own table, before the host's
 USER_PREFIX = "llsv-"
-_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63}) ([0-9]+)$")
+_HOST_LINE = re.compile(r"^(?P<uid>[0-9]{1,10}) (?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) (?P<root>/.*)$")
+_OLD_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) (?P<uid>[0-9]{1,10})$")
+Key = tuple[str, str]            # (state root, manifest name)
 
 
 class IdError(ValueError):
@@ -76,74 +97,201 @@ def user_name(manifest: str) -> str:
     return USER_PREFIX + manifest
 
 
+def host_table() -> str:
+    return os.environ.get(TABLE_ENV) or HOST_TABLE
+
+
+def key_root(state_root: str) -> str:
+    """A state root as the table names it: one name for one directory."""
+    root = os.path.realpath(state_root)
+    if "\n" in root:
+        raise IdError(f"state root {root!r}: a newline in its path")
+    return root
+
+
+def carry(table: Mapping[Key, int], old: Mapping[Key, int]) -> tuple[dict[Key, int], list[Key]]:
+    """(the table with the old tables' entries carried in, the keys not
+    carried: their uid is another key's already). Pure."""
+    out, owners = dict(table), {uid: key for key, uid in table.items()}
+    refused = []
+    for key, uid in old.items():
+        if key in out:
+            continue
+        if uid in owners:
+            refused.append(key)
+            continue
+        out[key] = uid
+        owners[uid] = key
+    return out, refused
+
+
+def assign(table: Mapping[Key, int], keys: Iterable[Key], uids: tuple[int, int]) -> dict[Key, int]:
+    """The table with a uid for each key it lacks: the lowest of the range
+    no key has. Pure; raises IdError when the range is spent."""
+    out, used = dict(table), set(table.values())
+    uid = uids[0]
+    for key in dict.fromkeys(keys):
+        if key in out:
+            continue
+        while uid in used:
+            uid += 1
+        if uid > uids[1]:
+            raise IdError(f"--dynamic-uids {uids[0]}-{uids[1]}: no uid left for {key[1]!r} "
+                          f"({len(table)} recorded)")
+        out[key] = uid
+        used.add(uid)
+    return out
+
+
 class Table:
-    """The `dynamic-users` table of one state root."""
+    """The host's table of dynamic uids, as one state root's supervisor
+    uses it: its keys are (the state root, a manifest name)."""
 
-    def __init__(self, state_root: str, uids: tuple[int, int] = DEFAULT_DYNAMIC_UIDS) -> None:
-        self.state_root, self.uids = state_root, uids
-        self.path = os.path.join(state_root, TABLE)
-
-    def _read(self) -> dict[str, int]:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return {}
-        with os.fdopen(fd) as f:
-            text = f.read(1 << 22)
-        out: dict[str, int] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            m = _LINE.match(line)
-            if not m:
-                raise IdError(f"{self.path}:{number}: expected `NAME UID`, got {line[:100]!r}")
-            name, uid = m.group(1), int(m.group(2))
-            if name in out or uid in out.values():
-                raise IdError(f"{self.path}:{number}: {name} {uid} repeats a name or a uid")
-            out[name] = uid
-        return out
+    def __init__(self, state_root: str, uids: tuple[int, int] = DEFAULT_DYNAMIC_UIDS,
+                 path: str | None = None) -> None:
+        self.root, self.uids = key_root(state_root), uids
+        self.path = path or host_table()
+        self.directory, self.name = os.path.split(self.path)
+        # Earlier versions' tables: this state root's, and the default one's
+        # (its daemon may not have restarted yet: its uids stay its own).
+        self.old = {r: os.path.join(r, OLD_TABLE) for r in dict.fromkeys((self.root, key_root(ROOT_STATE)))}
 
     def peek(self, name: str) -> tuple[int, bool]:
-        """(uid, recorded): the recorded uid, or the one assign() would give."""
-        table = self._read()
-        if name in table:
-            return table[name], True
-        return self._free(table, 1)[0], False
-
-    def assign(self, names: Iterable[str]) -> dict[str, int]:
-        """The uid of each name, recording new names (under the lock)."""
-        names = list(dict.fromkeys(names))
-        os.makedirs(self.state_root, mode=0o700, exist_ok=True)
-        lock = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        """(uid, recorded): the uid the manifest has, or the one assign() would give."""
+        fd = self._directory(create=False)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            table = self._read()
-            new = [n for n in names if n not in table]
-            if new:
-                for name, uid in zip(new, self._free(table, len(new))):
-                    table[name] = uid
-                self._write(table)
-            return {n: table[n] for n in names}
+            table = _read(fd, self.name, self.path) if fd is not None else {}
         finally:
-            os.close(lock)
+            if fd is not None:
+                os.close(fd)
+        carried, _ = carry(table, self._old())
+        key = (self.root, name)
+        return assign(carried, [key], self.uids)[key], key in carried
 
-    def _free(self, table: dict[str, int], count: int) -> list[int]:
-        used = set(table.values())
-        out: list[int] = []
-        uid = self.uids[0]
-        while len(out) < count:
-            if uid > self.uids[1]:
-                raise IdError(f"--dynamic-uids {self.uids[0]}-{self.uids[1]}: no uid left for "
-                              f"{count} more manifest(s) ({self.path} holds {len(table)})")
-            if uid not in used:
-                out.append(uid)
-            uid += 1
+    def names(self) -> dict[str, int]:
+        """This state root's manifests and their uids, as recorded."""
+        fd = self._directory(create=False)
+        if fd is None:
+            return {}
+        try:
+            return {name: uid for (root, name), uid in _read(fd, self.name, self.path).items() if root == self.root}
+        finally:
+            os.close(fd)
+
+    def assign(self, names: Iterable[str], log: Callable[[str], None] | None = None) -> dict[str, int]:
+        """The uid of each name, recording new ones (under the lock)."""
+        keys = [(self.root, n) for n in names]
+        fd = self._directory(create=True)
+        assert fd is not None
+        try:
+            lock = os.open(self.name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                           dir_fd=fd)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                table = _read(fd, self.name, self.path)
+                carried, refused = carry(table, self._old())
+                for root, name in refused:
+                    if log is not None and (root, name) in keys:
+                        log(f"{os.path.join(root, OLD_TABLE)}: {name}: its uid is another key's in "
+                            f"{self.path}: it gets a new one")
+                new = assign(carried, keys, self.uids)
+                if new != table:
+                    _write(fd, self.name, new)
+                return {name: new[(root, name)] for root, name in keys}
+            finally:
+                os.close(lock)
+        finally:
+            os.close(fd)
+
+    def _old(self) -> dict[Key, int]:
+        out: dict[Key, int] = {}
+        for root, path in self.old.items():
+            out.update({(root, name): uid for name, uid in _read_old(path).items()})
         return out
 
-    def _write(self, table: dict[str, int]) -> None:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    def _directory(self, create: bool) -> int | None:
+        """The table's directory, opened without following a link; it must be
+        root's (this process's uid's), writable by nobody else."""
+        if create:
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
         try:
-            os.write(fd, "".join(f"{n} {u}\n" for n, u in table.items()).encode())
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            os.close(fd)
+            raise IdError(f"{self.directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                          "the table of dynamic uids lies in a directory only the supervisor's user may write")
+        return fd
+
+
+# Never a link; a FIFO planted in its place does not block the open.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _text(open_it: Callable[[], int], path: str) -> str | None:
+    """The file's text, None if it is missing; it must be a regular file of
+    this process's uid that no one else may write (a planted line could
+    name any uid), opened without following a link."""
+    try:
+        fd = open_it()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with os.fdopen(fd, encoding="utf-8", errors="surrogateescape") as f:   # a path is any bytes
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            raise IdError(f"{path}: not a regular file of uid {os.geteuid()} that only it may write")
+        return f.read(1 << 24)
+
+
+def _lines(text: str | None, path: str, pattern: re.Pattern[str], form: str) -> Iterator[re.Match[str]]:
+    for number, line in enumerate((text or "").splitlines(), 1):
+        m = pattern.match(line)
+        if not m or not 0 < int(m.group("uid")) <= MAX_ID:
+            raise IdError(f"{path}:{number}: expected `{form}` (a uid from 1 to {MAX_ID}), got {line[:100]!r}")
+        yield m
+
+
+def _read(directory: int, name: str, path: str) -> dict[Key, int]:
+    text = _text(lambda: os.open(name, _READ, dir_fd=directory), path)
+    return _distinct([((m.group("root"), m.group("name")), int(m.group("uid")))
+                      for m in _lines(text, path, _HOST_LINE, "UID NAME STATE_ROOT")], path)
+
+
+def _read_old(path: str) -> dict[str, int]:
+    """An earlier version's `<state root>/dynamic-users`: `NAME UID` a line."""
+    text = _text(lambda: os.open(path, _READ), path)
+    return _distinct([(m.group("name"), int(m.group("uid"))) for m in _lines(text, path, _OLD_LINE, "NAME UID")],
+                     path)
+
+
+def _distinct(pairs: list[tuple[Any, int]], path: str) -> dict[Any, int]:
+    """The table of these (key, uid) lines: each key once, each uid once."""
+    out = dict(pairs)
+    if len(out) != len(pairs) or len(set(out.values())) != len(pairs):
+        raise IdError(f"{path}: a key or a uid is given twice")
+    return out
+
+
+def _write(directory: int, name: str, table: Mapping[Key, int]) -> None:
+    """The whole table, atomically: a temp file of an unpredictable name, renamed over it."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    try:
+        try:
+            os.write(fd, "".join(f"{uid} {n} {root}\n" for (root, n), uid in sorted(
+                table.items(), key=lambda item: item[1])).encode("utf-8", "surrogateescape"))
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, self.path)
+        os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=directory)
+        except OSError:
+            pass
+        raise
+    os.fsync(directory)

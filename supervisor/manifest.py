@@ -240,9 +240,11 @@ class _Loader:
         if dynamic:
             if allow_root:
                 self.top.fail("allow_root", "contradicts `user: dynamic`")
+            # No group: its gid is the uid's number, and under a root
+            # supervisor each session gets a gid of its own instead, as for
+            # any manifest that names no `group:` (its sessions must not
+            # prlimit each other).
             user = self._dynamic_uid(name)
-            if user is not None and group is None:
-                group = user
         if self.as_root and user is None and not allow_root and not dynamic:
             self.top.fail("user", "required when the supervisor runs as root "
                           "(user: dynamic, a user name, or allow_root: true with every capability dropped)")

@@ -60,6 +60,7 @@ class Config:
     dynamic_uids: tuple[int, int] = ids.DEFAULT_DYNAMIC_UIDS
     session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids
     only: str | None = None         # private mode for one server: load that manifest alone
+    dynamic_uids_of: str | None = None   # the state root whose dynamic uids its manifests take (None: its own)
     pool_idle: float | None = None  # seconds without a spawn before a `pool: auto` pool is drained;
                                     # None: $LANDLOCK_SUPERVISOR_POOL_IDLE, else POOL_IDLE
     audit: str | None = None        # serve --audit off|count|detail; None: count where audit is on
@@ -121,11 +122,11 @@ class Supervisor:
         the option, state in the way) is logged and left out, the others loaded."""
         table = None
         if os.geteuid() == 0 and self.config.state_root:
-            table = ids.Table(self.config.state_root, self.config.dynamic_uids)
+            table = ids.Table(self.config.dynamic_uids_of or self.config.state_root, self.config.dynamic_uids)
         parsed = state.parsed_directory(self.config.state_root, log) if self.config.state_root else None
         loaded = manifests.load_all(self.config.manifest_paths, only=self.config.only, warn=log,
                                     state_root=self.config.state_root, parsed=parsed,
-                                    dynamic_uid=(lambda name: table.assign([name])[name]) if table else None)
+                                    dynamic_uid=(lambda name: table.assign([name], log)[name]) if table else None)
         out = {}
         for m in loaded.values():
             held = manifests.writable_holding(m.source, loaded.values())

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +22,14 @@ import pytest
 
 import landlock
 from landlock import abi_version
+from supervisor import ids
 
 CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
+
+# The suite's own table of dynamic uids (supervisor/ids.py), never the
+# host's: every supervisor, learn and check the tests start inherits it.
+_IDS_DIR = tempfile.mkdtemp(prefix="llsv-ids-")
+os.environ[ids.TABLE_ENV] = os.path.join(_IDS_DIR, "dynamic-uids")
 
 _skipped_enforcement: list[str] = []
 _audit_ran: list[str] = []
@@ -54,6 +62,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_IDS_DIR, ignore_errors=True)
     if _skipped_enforcement and abi_version() > 0:
         print(f"\nFAIL: {len(_skipped_enforcement)} enforcement test(s) skipped although the kernel "
               f"has Landlock ABI {abi_version()}:")

@@ -124,9 +124,9 @@ class Learner:
 
     def _identity(self) -> tuple[int, tuple[int, ...]]:
         """The uid the server runs as: as root, its dynamic uid, taken in the
-        real table (where `serve` will find it: a uid taken in a copy would
-        be another server's there, and the files written while learning
-        another's), then copied into the scratch state root with its area."""
+        host's table under the real state root (where `serve` will find it;
+        the scratch supervisor takes it there too: `--dynamic-uids-of`), so
+        that the files written while learning are that server's."""
         uid = ids.Table(self.real_state_root).assign([self.name])[self.name] if self.root else os.getuid()
         real_area = os.path.join(self.real_state_root, "servers", self.name)
         os.makedirs(os.path.dirname(self.area), exist_ok=True)
@@ -136,7 +136,6 @@ class Learner:
             os.mkdir(self.state_dir, 0o700)   # else the area looks like the old layout, and is moved
         if not self.root:
             return uid, tuple(os.getgroups())
-        shutil.copyfile(os.path.join(self.real_state_root, ids.TABLE), os.path.join(self.state_root, ids.TABLE))
         return uid, (uid,)
 
     def child_env(self) -> dict[str, str]:
@@ -199,7 +198,7 @@ class Learner:
         return runner.run(manifest, self.name, self.state_root, self.opts.session, timeout=self.opts.timeout,
                           trace_dir=self._current_trace, cwd=cwd,
                           stderr_path=os.path.join(self.private, f"round-{number}.stderr"),
-                          uid=self.uid, gids=self.gids)
+                          uid=self.uid, gids=self.gids, dynamic_uids_of=self.real_state_root if self.root else None)
 
     def learning_manifest(self, trace: str, layout: Layout) -> str:
         """Round 1's: the learning policy, the command under strace."""

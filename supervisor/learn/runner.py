@@ -57,13 +57,15 @@ DenialSource = Callable[[Run], list[Access]]
 
 
 def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]], *, timeout: float,
-        trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...]) -> Run:
+        trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...],
+        dynamic_uids_of: str | None = None) -> Run:
     started = time.monotonic()
     log = os.path.join(os.path.dirname(stderr_path), "supervisor.log")
     saved, quiet = os.dup(2), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     os.dup2(quiet, 2)   # its log (state handed over to the uid...) is the scratch's business, not the user's
     try:
-        client = start([manifest], state_root=state_root, only=name)
+        client = start([manifest], state_root=state_root, only=name,
+                       extra_args=["--dynamic-uids-of", dynamic_uids_of] if dynamic_uids_of else [])
     except PrivateStartFailed as e:
         raise RunFailed(f"the private supervisor did not start: {e}: {_tail(log).strip()}") from None
     finally:

@@ -68,6 +68,9 @@ _CLONE_ARGS: list[object] = [ctypes.c_long(_CLONE_NR[MACHINE]),
 _CLONE_ARGS[4 if MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(_mutex))
 
 
+SESSION_GID_UMASK = 0o070   # the bits a child with a session gid always masks
+
+
 def lock_helper_mutex() -> None:
     """Once, before the first fork. Process-shared: a shared futex is what
     the kernel's clear-tid wakes. Locked with no owner: pthread_mutex_lock()
@@ -155,7 +158,10 @@ def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.En
             step(entry, ruleset_fd)
         stage = "chdir"  # as the target user: a directory it could not enter is an error
         os.chdir(target.cwd)
-        os.umask(target.umask)
+        # A session gid is handed out again once its session is gone: what
+        # this child makes must never be open to that later session by
+        # group, whatever the manifest's umask says.
+        os.umask(target.umask if gid is None else target.umask | SESSION_GID_UMASK)
         stage = "pdeathsig"
         # Armed after the uid change, which clears it; then re-check that the
         # supervisor did not die before it was armed.

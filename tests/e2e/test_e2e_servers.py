@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from supervisor import ids
 from supervisor import manifest as manifests
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -260,7 +261,7 @@ def test_dynamic_user_is_known_to_node_and_python(world: World) -> None:
     status, out = world.run("whoami")
     assert status == 0, out
     got = json.loads(out)
-    uid = int((world.state / "dynamic-users").read_text().split("whoami ")[1].split()[0])
+    uid = ids.Table(str(world.state)).names()["whoami"]
     assert got["node"]["uid"] == uid and got["node"]["username"] == "llsv-whoami", got
     assert got["python"] == f"llsv-whoami {uid}", got
 

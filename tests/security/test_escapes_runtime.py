@@ -20,13 +20,15 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sechelpers import (CHILD_UID, PROBE, PYTHON3, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
+from sechelpers import (BOMB_UID, CHILD_UID, PROBE, PYTHON3, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
                         check_limit, through_a_terminal)
+from supervisor import ids
 from supervisor.client import SupervisorError
 from svhelpers import processes_with_tag, read_all, run, spawn_bg, wait_until
 
@@ -84,7 +86,8 @@ def _tell(path: Path, pid: int) -> None:
 def rt(module_lab):
     """Its own supervisor (root, session gids on by default) with probe
     manifests: `sib` (uid 64100, no group: a gid per session), `rootsib`
-    (allow_root), `sibg` (uid 64100 naming group 64100: one gid for all its
+    (allow_root), `dynsib` (`user: dynamic`: a uid of its own, no group
+    either), `sibg` (uid 64100 naming group 64100: one gid for all its
     sessions), `tty` (allow_root, terminal: true); each with a pool."""
     base = module_lab.dir / "rt"
     mdir, share = base / "manifests", base / "share"
@@ -98,6 +101,7 @@ def rt(module_lab):
     module_lab.manifest("sib", user=CHILD_UID, **common)
     module_lab.manifest("rootsib", allow_root=True, **common)
     module_lab.manifest("sibg", user=CHILD_UID, group=CHILD_UID, **common)
+    module_lab.manifest("dynsib", user="dynamic", **common)
     module_lab.manifest("tty", allow_root=True, terminal=True, **{**common, "pool": 0})
     sv = module_lab.supervisor(manifests=[mdir], socket_path=base / "run" / "socket",
                                state_root=base / "state").start()
@@ -130,7 +134,7 @@ def test_prlimit_supervisor_and_zygote(fresh, ident):
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.parametrize("manifest", ["sib", "rootsib"], ids=["uid", "root"])
+@pytest.mark.parametrize("manifest", ["sib", "rootsib", "dynsib"], ids=["uid", "root", "dynamic"])
 @case("prlimit-sibling")
 def test_prlimit_sibling_sessions(rt, manifest):
     """Attempt: two sessions of one manifest (one uid) lower each other's
@@ -174,6 +178,73 @@ def test_prlimit_named_group_sessions(rt):
     after = attack(rt.client, "sibg", [["rlimits"]])
     assert after[0]["ok"] and after[0]["value"]["NOFILE"] != [5, 5], after
     assert "had its resource limits changed while it waited" in rt.log()
+
+
+# One session gid for the whole supervisor: each session gets the gid the last one had.
+REUSED_GID = ids.DEFAULT_SESSION_GIDS[1]
+
+
+@pytest.fixture(scope="module")
+def reuse(module_lab):
+    """A root supervisor with a single session gid (`--session-gids G-G`),
+    so that every session gets the gid the one before it had; writers `a-*`
+    (uid 64100, allow_root, `user: dynamic`) whose manifest asks for umask
+    007 and may write the shared directory, and a reader `b` (another
+    manifest, uid 64101, no group: a session gid too) that may read it."""
+    base = module_lab.dir / "reuse"
+    mdir, share, files = base / "manifests", base / "share", base / "files"
+    for d in (share, files):
+        d.mkdir(parents=True)
+        os.chmod(d, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    common = dict(command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                  directory=mdir, pool=0)
+    writes = {"profiles": ["system"], "read_only_noexec": [str(share), "/proc"], "read_write_noexec": [str(files)]}
+    for name, who in (("a-uid", {"user": CHILD_UID}), ("a-root", {"allow_root": True}),
+                      ("a-dynamic", {"user": "dynamic"})):
+        module_lab.manifest(name, umask="007", sandbox=writes, **who, **common)
+    module_lab.manifest("b", user=BOMB_UID, sandbox={**writes, "read_write_noexec": [],
+                                                     "read_only_noexec": [str(share), str(files), "/proc"]},
+                        **common)
+    sv = module_lab.supervisor(manifests=[mdir], socket_path=base / "run" / "socket", state_root=base / "state",
+                               extra=["--session-gids", f"{REUSED_GID}-{REUSED_GID}"]).start()
+    sv.files = files
+    yield sv
+
+
+def _attack_when_a_gid_is_free(client: Any, manifest: str, ops: list[list[Any]]) -> Outcome:
+    """The last session's gid comes back when it is reaped, a moment after its `exited`."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return attack(client, manifest, ops)
+        except SupervisorError as e:
+            if e.code != "too_many_children" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("writer", ["a-uid", "a-root", "a-dynamic"], ids=["uid", "root", "dynamic"])
+@case("session-gid-reuse")
+def test_session_gid_reused_by_another_manifest(reuse, writer):
+    """Attempt: read a file another session left behind, through the group
+    its session gid had: session gids are reused, and the writer's manifest
+    asks for umask 007 (its files group-readable). Stopped by: a child with
+    a session gid has the group bits of its umask masked, whatever the
+    manifest says: the file is not open to its group, and the later session
+    of another manifest that gets the same gid reads EACCES."""
+    path = reuse.files / f"secret-{writer}"
+    a = _attack_when_a_gid_is_free(reuse.client, writer, [["ids"], ["write_file", str(path), "secret", "666"]])
+    assert a[1]["ok"], a
+    b = _attack_when_a_gid_is_free(reuse.client, "b", [["ids"], ["read", str(path)]])
+    a_ids, b_ids = a[0]["value"], b[0]["value"]
+    assert a_ids["Gid"][0] == b_ids["Gid"][0] == str(REUSED_GID), (a, b)   # the premise: one gid, reused
+    assert a_ids["Uid"][0] != b_ids["Uid"][0], (a, b)
+    assert b.errname(1) == "EACCES", b
+    st = path.stat()
+    assert st.st_gid == REUSED_GID and st.st_mode & 0o077 == 0, oct(st.st_mode)
 
 
 @pytest.mark.timeout(40)

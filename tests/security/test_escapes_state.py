@@ -7,6 +7,7 @@ applies. Rows: docs/security.md (escape catalogue and Limits).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -14,8 +15,9 @@ import stat
 
 import pytest
 
-from sechelpers import AS_ROOT, AS_UID, CHILD_UID, IDENTITIES, PROBE, attack, case, check_limit, probe_manifest
-from svhelpers import wait_until
+from sechelpers import (AS_ROOT, AS_UID, CHILD_UID, IDENTITIES, PROBE, PYTHON3, attack, case, check_limit,
+                        probe_manifest)
+from svhelpers import spawn_bg, wait_until
 
 from supervisor.client import NoSuchManifest
 
@@ -76,6 +78,45 @@ def test_state_symlink_swap(lab, ident):
     assert os.lstat(secret).st_uid == 0 and os.lstat(secret / "key").st_uid == 0
     sv.stop()
     lab.start()   # and it starts with the link there
+
+
+@case("dynamic-uid-state-roots")
+@pytest.mark.timeout(40)
+def test_dynamic_uids_of_two_state_roots(lab):
+    """Attempt: two root supervisors with different state roots (a daemon
+    and a root `run --manifests --state-root ...`) each run a `user:
+    dynamic` manifest `filesystem`; the second's server reads the first's
+    0600 file in its state directory (which its manifest grants it:
+    Landlock allows, DAC decides) and lowers its limits. Stopped by: one
+    host-wide table of dynamic uids, keyed by (state root, manifest name):
+    the two servers have two uids (and no state root's table is consulted
+    alone): EACCES, EPERM."""
+    bin_dir = lab.dir / "bin"
+    bin_dir.mkdir(mode=0o755)
+    shutil.copy(PROBE, bin_dir / "probe.py")
+    os.chmod(bin_dir / "probe.py", 0o644)
+    first_state = lab.dir / "state-1" / "servers" / "filesystem" / "state"
+    svs = []
+    for n, reads in ((1, []), (2, [str(first_state)])):
+        mdir = lab.dir / f"manifests-{n}"
+        lab.manifest("filesystem", command=PYTHON3, args=["-I", "-B", str(bin_dir / "probe.py")], client_args=True,
+                     directory=mdir, user="dynamic", state_dir=True,
+                     sandbox={"profiles": ["system"], "read_only_noexec": [str(bin_dir), "/proc", *reads]})
+        svs.append(lab.start(manifests=[mdir], state_root=lab.dir / f"state-{n}",
+                             socket_path=lab.dir / f"run-{n}" / "socket"))
+    secret = str(first_state / "secret")
+    victim, pipes = spawn_bg(svs[0].client, "filesystem", [json.dumps([["write_file", secret, "theirs", "600"],
+                                                                       ["sleep", 10]])])
+    try:
+        assert wait_until(lambda: os.path.exists(secret), 5)
+        o = attack(svs[1].client, "filesystem", [["ids"], ["read", secret], ["prlimit", victim.pid, "NOFILE", 3, 3]])
+    finally:
+        with victim:
+            victim.signal(signal.SIGKILL)
+            victim.wait(10)
+        pipes.close()
+    assert [o.errname(1), o.errname(2)] == ["EACCES", "EPERM"], o
+    assert o[0]["value"]["Uid"][0] != str(os.stat(secret).st_uid), o
 
 
 @case("allow-root-refused")

@@ -140,12 +140,20 @@ def test_child_cannot_signal_the_supervisor(lab):
 
 @pytest.mark.timeout(20)
 def test_cwd_and_umask(lab, tree):
-    _sh_manifest(lab, cwd=str(tree / "granted"), umask="027",
-                 sandbox={"read_write_noexec": [str(tree / "granted")]})
+    """The manifest's umask; a child with a session gid (a root supervisor's,
+    the manifest naming no `group:`) masks the group bits as well: its gid
+    goes to a later session."""
+    grant = {"read_write_noexec": [str(tree / "granted")]}
+    _sh_manifest(lab, cwd=str(tree / "granted"), umask="027", sandbox=grant)
+    _sh_manifest(lab, "sh-group", cwd=str(tree / "granted"), umask="027", sandbox=grant,
+                 **({"user": "root", "group": "root"} if os.geteuid() == 0 else {}))
     svr = lab.start()
-    r = sh(svr.client, "pwd; umask; echo x > new; stat -c %a new")
-    assert r.code == 0, r
-    assert r.text.split() == [str(tree / "granted"), "0027", "640"]
+    session_gid = os.geteuid() == 0
+    for name, mask, mode in (("sh", "0077" if session_gid else "0027", "600" if session_gid else "640"),
+                             ("sh-group", "0027", "640")):
+        r = run(svr.client, name, [f"pwd; umask; echo x > new-{name}; stat -c %a new-{name}"])
+        assert r.code == 0, r
+        assert r.text.split() == [str(tree / "granted"), mask, mode], name
 
 
 @pytest.mark.timeout(20)

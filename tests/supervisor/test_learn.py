@@ -134,6 +134,21 @@ def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny, kept) -> No
     assert loaded.uid == ids.Table(str(lab.dir / "state")).assign(["tiny"])["tiny"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a dynamic uid is a root supervisor's")
+def test_learn_runs_the_server_as_the_uid_serve_will_give_it(lab, tiny) -> None:
+    """learn takes the dynamic uid in the host's table under the real state
+    root, and its scratch supervisor runs the server as that uid: no key of
+    the scratch state root is recorded (it would hold a uid for good)."""
+    server, out = tiny
+    result = learn(lab, "--name", "tiny", "--out", str(lab.dir / "tiny.yaml"), "--write", str(out),
+                   *save(out / "mine.txt"), "--", "/usr/bin/python3", str(server))
+    assert result.returncode == 0, result.stderr
+    uid = ids.Table(str(lab.dir / "state")).names()["tiny"]
+    assert (out / "mine.txt").stat().st_uid == uid
+    table = Path(os.environ[ids.TABLE_ENV]).read_text()
+    assert "landlock-learn-" not in table, table
+
+
 @pytest.mark.parametrize("args,message", [
     (["--write", "/", "--", "/usr/bin/true"], "never /"),
     (["--write", "/root", "--", "/usr/bin/true"], "a home directory, or a directory holding one"),

@@ -49,7 +49,7 @@ def who(client, name):
 
 
 def table(lab):
-    return dict(line.split() for line in (lab.state_root / ids.TABLE).read_text().splitlines())
+    return {name: str(uid) for name, uid in ids.Table(str(lab.state_root)).names().items()}
 
 
 @pytest.mark.timeout(30)
@@ -81,7 +81,8 @@ def test_dynamic_user_gets_a_stable_uid_home_user_and_a_passwd_entry(lab):
     sv = lab.start()
     first, second = who(sv.client, "dyn"), who(sv.client, "dyn2")
     lo, hi = ids.DEFAULT_DYNAMIC_UIDS
-    assert lo <= first["uid"] <= hi and first["gid"] == first["uid"], first
+    glo, ghi = ids.DEFAULT_SESSION_GIDS
+    assert lo <= first["uid"] <= hi and glo <= first["gid"] <= ghi, first   # a session gid, as without `group:`
     assert second["uid"] != first["uid"], (first, second)
     state_dir = str(lab.state_root / "servers" / "dyn" / "state")
     assert first["env"] == {"HOME": state_dir, "USER": "llsv-dyn", "LOGNAME": "llsv-dyn", "STATE_DIR": None}, first
@@ -110,13 +111,95 @@ def _assign(args):
 
 
 @pytest.mark.timeout(30)
-def test_table_never_hands_one_uid_to_two_names(tmp_path):
-    root = str(tmp_path)
+def test_table_never_hands_one_uid_to_two_keys(tmp_path):
+    """Four processes at once, for two state roots with the same names: one
+    uid per (state root, name), whatever the order."""
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    keys = [(root, f"m{i}") for i in range(12) for root in roots]
     with Pool(4) as pool:
-        got = pool.map(_assign, [(root, f"m{i}") for i in range(24)])
+        got = pool.map(_assign, keys)
     assert len(set(got)) == 24
-    again = ids.Table(root).assign([f"m{i}" for i in range(24)])
-    assert [again[f"m{i}"] for i in range(24)] == got
+    for root in roots:
+        again = ids.Table(root).assign([f"m{i}" for i in range(12)])
+        assert [again[name] for r, name in keys if r == root] == [uid for (r, _), uid in zip(keys, got) if r == root]
+
+
+@pytest.mark.timeout(30)
+def test_earlier_tables_carried_into_the_host_table(lab, tmp_path):
+    """A state root's own `dynamic-users` (an earlier version's) is carried
+    in with its uids at the first start; a uid it names is never given to
+    another key, and the host table is where the supervisor looks from then on."""
+    hi = ids.DEFAULT_DYNAMIC_UIDS[1]   # the suite's table hands out the range from its start
+    kept, lo = hi - 7, hi - 8
+    lab.state_root.mkdir()
+    (lab.state_root / ids.OLD_TABLE).write_text(f"dyn {kept}\nunused {lo}\n")
+    who_manifest(lab, "dyn")
+    sv = lab.start()
+    assert who(sv.client, "dyn")["uid"] == kept
+    sv.stop()
+    assert table(lab) == {"dyn": str(kept), "unused": str(lo)}
+    # Another state root's manifests, of those very names, get other uids.
+    other = ids.Table(str(tmp_path / "other")).assign(["dyn", "unused"])
+    assert kept not in other.values() and lo not in other.values()
+    (lab.state_root / ids.OLD_TABLE).unlink()
+    sv = lab.start()
+    assert who(sv.client, "dyn")["uid"] == kept
+    # check reads the host table too: the uid the manifest has; none yet for a new name.
+    who_manifest(lab, "zz-new")
+    out = subprocess.run([PYTHON, "-m", "supervisor", "check", "--json", "--state-root", str(lab.state_root),
+                          "--manifests", str(lab.manifest_dir)], cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    got = {e["name"]: e.get("dynamic_uid") for e in json.loads(out.stdout)["manifests"]}
+    assert got == {"dyn": kept, "zz-new": None}, out.stderr
+
+
+def test_host_table_written_by_root_only_and_never_through_a_link(tmp_path):
+    """The table lies in a directory only root may write and is replaced by
+    rename; a link in its place is not followed, a directory others may
+    write is refused."""
+    directory = tmp_path / "ids"
+    t = ids.Table(str(tmp_path / "root"), path=str(directory / "table"))
+    uid = t.assign(["fs"])["fs"]
+    st = os.lstat(directory / "table")
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
+    assert f"{uid} fs {tmp_path / 'root'}\n" in (directory / "table").read_text()   # (the host's default root's too)
+    assert sorted(os.listdir(directory)) == ["table", "table.lock"]   # no temp file left
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    os.rename(directory / "table", tmp_path / "saved")
+    os.symlink(victim, directory / "table")
+    with pytest.raises(OSError):
+        t.assign(["other"])
+    assert victim.read_text() == "x" and os.path.islink(directory / "table")
+    os.unlink(directory / "table")
+    os.rename(tmp_path / "saved", directory / "table")
+    os.chmod(directory, 0o777)
+    with pytest.raises(ids.IdError, match="only the supervisor's user may write"):
+        t.assign(["fs"])
+    with pytest.raises(ids.IdError):
+        t.peek("fs")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("planted", ["others may write it", "uid 0", "a fifo", "another owner"])
+def test_an_earlier_table_that_could_be_planted_is_refused(tmp_path, planted):
+    """A state root may lie where others can write (`--state-root` is any
+    directory): its old `dynamic-users` is carried only if it is root's and
+    only root's, names no uid 0, and a FIFO in its place does not hang the
+    supervisor."""
+    root = tmp_path / "root"
+    root.mkdir()
+    old = root / ids.OLD_TABLE
+    if planted == "a fifo":
+        os.mkfifo(old, 0o600)
+    else:
+        old.write_text("fs 0\n" if planted == "uid 0" else "fs 1879048999\n")
+        os.chmod(old, 0o666 if planted == "others may write it" else 0o644)
+        if planted == "another owner":
+            os.chown(old, 64199, 64199)
+    t = ids.Table(str(root), path=str(tmp_path / "ids" / "table"))
+    with pytest.raises(ids.IdError):
+        t.assign(["fs"])
 
 
 def test_ranges_checked():
