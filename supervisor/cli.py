@@ -338,6 +338,9 @@ def _tell_denials_summary(name: str, child: Child, status: int) -> None:
         text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
     if text is not None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
+    for finding in exited.get("dac") or ():
+        print(f"{denied.PREFIX}{name}: file permissions (not Landlock): {denied.clean(finding)}",
+              file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
