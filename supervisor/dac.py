@@ -159,7 +159,8 @@ def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = (
         out.append(Finding(grant, path, f"{_who(who)} lacks {_rights(missing)} on {_shown(path, node)}; "
                                         f"fix: {_fix(path, need, groups, is_dir)}"))
     if grant.startswith("read_write") and is_dir:
-        out += _default_acl(grant, path, node.default_acl, share)
+        # Its own directories (its state) it shares with nobody.
+        out += _default_acl(grant, path, node.default_acl, share if node.uid != who.uid else ())
     return out
 
 

@@ -241,7 +241,7 @@ class _Loader:
         """`groups:`, supplementary groups the server joins to share files
         (docs/manifests.md, "Sharing a project"): names the administrator
         made, joined by a root supervisor's server that runs as a user."""
-        groups = self.top.strings("groups")
+        groups = [self.expand(f"groups[{i}]", g) for i, g in enumerate(self.top.strings("groups"))]
         if not groups:
             return groups
         if not self.as_root:

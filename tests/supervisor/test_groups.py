@@ -68,3 +68,42 @@ def test_a_server_stopped_by_file_permissions_is_told_which_directory(lab) -> No
     private.chmod(0o755)
     ok = run(sv.client, "ls")
     assert ok.code == 0 and "dac" not in (ok.child.exited or {}), ok
+
+
+@needs_root
+@pytest.mark.timeout(60)
+def test_check_shows_what_file_permissions_stop_and_passes_the_documented_acl(lab) -> None:
+    """A 0700 directory on the way is named by check and check --json; the project shared as
+    docs/manifests.md says (the group on the way and a default ACL, g::---) has nothing to say."""
+    import json
+    from svhelpers import PYTHON, REPO
+    from supervisor.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,
+                                encode_acl)
+    private = lab.dir / "home"
+    project = private / "project"
+    project.mkdir(parents=True)
+    private.chmod(0o700)
+    path = lab.manifest("fs", command="/bin/true", user="dynamic", groups=["users"],
+                        sandbox={"profiles": ["system"], "read_write_noexec": [str(project)]})
+
+    def check(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-m", "supervisor", "check", *flags, str(path), "--state-root",
+                               str(lab.state_root)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    r = check("--json")
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)["manifests"][0]["dac"]
+    assert len(found) == 1 and f"cannot search {private} (drwx------ root:root)" in found[0], found
+    assert f"`setfacl -m g:users:--x {private}`" in found[0], found
+    assert f"FILE PERMISSIONS (not Landlock): read_write_noexec {project}: " in check().stdout
+    # As docs/manifests.md says: search for the group on the way, rwx and a default ACL on the project.
+    os.setxattr(private, ACCESS_XATTR, encode_acl([(USER_OBJ, 7, 0), (GROUP_OBJ, 0, 0), (GROUP, 1, USERS),
+                                                   (MASK, 1, 0), (OTHER, 0, 0)]))
+    shared = encode_acl([(USER_OBJ, 7, 0), (GROUP_OBJ, 0, 0), (GROUP, 7, USERS), (MASK, 7, 0), (OTHER, 0, 0)])
+    os.setxattr(project, ACCESS_XATTR, shared)
+    os.setxattr(project, DEFAULT_XATTR, shared)
+    assert json.loads(check("--json").stdout)["manifests"][0]["dac"] == []
+    # A default ACL that leaves the owning group its access is named.
+    os.setxattr(project, DEFAULT_XATTR, encode_acl([(USER_OBJ, 7, 0), (GROUP_OBJ, 6, 0), (GROUP, 7, USERS),
+                                                    (MASK, 7, 0), (OTHER, 0, 0)]))
+    found = json.loads(check("--json").stdout)["manifests"][0]["dac"]
+    assert len(found) == 1 and "default ACL gives the owning group rw-" in found[0], found

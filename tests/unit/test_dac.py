@@ -85,6 +85,8 @@ CASES = [
     ("a group to share with, no default ACL", "read_write_noexec", "p",
      tree(p=Node(D | 0o770, ALICE, PROJ)), SERVER_IN_PROJ, SHARE,
      ["no default ACL gives group proj rw", "`setfacl -d -m g:proj:rwX,g::--- /home/alice/p`"]),
+    ("its own directory needs no default ACL", "read_write_noexec", "p",
+     tree(p=Node(D | 0o700, SERVER, SERVER)), SERVER_IN_PROJ, SHARE, []),
     ("a read-only grant's default ACL is not its business", "read_only_noexec", "p",
      tree(p=Node(D | 0o755, ALICE, ALICE, default_acl=OPEN_DEFAULT)), SERVER_ALONE, SHARE, []),
     ("a path that does not exist", "read_write_noexec", "gone", tree(), SERVER_ALONE, (), []),
