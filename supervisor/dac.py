@@ -200,7 +200,7 @@ def _fix(path: str, need: int, groups: tuple[str, ...], is_dir: bool = True) -> 
                 f"project\"), or `chmod o+{_rights(need).replace('-', '')} {path}` for everyone")
     acl = f"g:{groups[0]}:{_rights(need)}"
     if need & W and is_dir:
-        return f"`setfacl -m {acl} -d -m {acl},g::--- {path}` (docs/manifests.md \"Sharing a project\")"
+        return f"`setfacl -m {acl},d:{acl},d:g::--- {path}` (docs/manifests.md \"Sharing a project\")"
     return f"`setfacl -m {acl} {path}`"
 
 
@@ -238,6 +238,14 @@ def _group(gid: int) -> str:
         return ""
 
 
+def _gid(name: str | int) -> int | None:
+    """A `groups:` name's gid; None once the group is gone (the server joined it at its start)."""
+    try:
+        return name if isinstance(name, int) else grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
 def identity_of(m: Manifest) -> Identity:
     """Who the server runs as: its credentials (gid and groups), or this process's own."""
     creds = m.credentials
@@ -249,7 +257,7 @@ def identity_of(m: Manifest) -> Identity:
 def findings(m: Manifest, lookup: Lookup = node_of) -> list[Finding]:
     """Every grant of m its user cannot use by DAC, /proc and /sys left out."""
     who = identity_of(m)
-    share = tuple((name, grp.getgrnam(name).gr_gid) for name in m.spec.groups)
+    share = tuple((str(name), gid) for name in m.spec.groups if (gid := _gid(name)) is not None)
     out: list[Finding] = []
     for grant, path in m.spec.path_rules:
         real = os.path.realpath(path)

@@ -68,7 +68,7 @@ CASES = [
      tree(p=Node(D | 0o770, ALICE, ALICE, acl=SHARED, default_acl=SHARED)), SERVER_IN_PROJ, SHARE, []),
     ("ACL: not in the named group", "read_write_noexec", "p",
      tree(p=Node(D | 0o770, ALICE, ALICE, acl=SHARED, default_acl=SHARED)), SERVER_ALONE, SHARE,
-     ["lacks rwx on /home/alice/p (drwxrwx---+ 1000:1000)", "`setfacl -m g:proj:rwx -d -m g:proj:rwx,g::---"]),
+     ["lacks rwx on /home/alice/p (drwxrwx---+ 1000:1000)", "`setfacl -m g:proj:rwx,d:g:proj:rwx,d:g::--- /home/alice/p`"]),
     ("ACL: the mask limits the named group", "read_write_noexec", "p",
      tree(p=Node(D | 0o750, ALICE, ALICE, acl=acl((USER_OBJ, 7, 0), (GROUP_OBJ, 0, 0), (GROUP, 7, PROJ),
                                                    (MASK, 5, 0), (OTHER, 0, 0)), default_acl=SHARED)),
