@@ -15,7 +15,7 @@ import pwd
 import stat
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Identity:
 class Finding:
     """One grant the server cannot use as asked, or a default ACL that shares too much."""
     grant: str          # its class (read_write_noexec ...)
-    path: str
+    path: str           # the path, its mode and owner
     line: str           # what stops it, and what would fix it
 
     def __str__(self) -> str:
@@ -138,7 +138,10 @@ def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = (
     """What stops who from using path (absolute, links resolved) as the grant asks;
     [] when nothing does or the path does not exist. share: the manifest's `groups:`
     as (name, gid), which the fixes name and a writable directory's default ACL should."""
-    groups = tuple(name for name, _ in share)
+    node = lookup(path)
+    if node is None:
+        return []
+    groups, shown = tuple(name for name, _ in share), _shown(path, node)
     parts = [p for p in path.split("/") if p]
     for i in range(len(parts)):
         walked = "/" + "/".join(parts[:i])
@@ -146,38 +149,37 @@ def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = (
         if on_the_way is None or not stat.S_ISDIR(on_the_way.mode):
             return []
         if not allowed(on_the_way, who) & X:
-            return [Finding(grant, path, f"{_who(who)} cannot search {_shown(walked, on_the_way)} on the way; "
-                                         f"fix: {_fix(walked, X, groups)}")]
-    node = lookup(path)
-    if node is None:
-        return []
+            return [Finding(grant, shown, f"{_who(who)} cannot search {_shown(walked, on_the_way)} on the way; "
+                                          f"fix: {_fix(walked, X, groups)}")]
     is_dir = stat.S_ISDIR(node.mode)
     need = wanted(grant, is_dir)
     missing = need & ~allowed(node, who)
     out = []
     if missing:
-        out.append(Finding(grant, path, f"{_who(who)} lacks {_rights(missing)} on {_shown(path, node)}; "
-                                        f"fix: {_fix(path, need, groups, is_dir)}"))
+        out.append(Finding(grant, shown, f"{_who(who)} lacks {_rights(missing)} on it; "
+                                         f"fix: {_fix(path, need, groups, is_dir)}"))
     if grant.startswith("read_write") and is_dir:
         # Its own directories (its state) it shares with nobody.
-        out += _default_acl(grant, path, node.default_acl, share if node.uid != who.uid else ())
+        out += _default_acl(Finding(grant, shown, ""), path, node.default_acl,
+                            share if node.uid != who.uid else ())
     return out
 
 
-def _default_acl(grant: str, path: str, default: Acl | None, share: Share) -> list[Finding]:
+def _default_acl(about: Finding, path: str, default: Acl | None, share: Share) -> list[Finding]:
     """A writable directory's default ACL: what the files the server creates there will give."""
     out = []
     owning = default.perm(GROUP_OBJ) or 0 if default is not None else 0
     if owning:
-        out.append(Finding(grant, path, f"its default ACL gives the owning group {_rights(owning)}: what the "
-                                        "server creates there is open to the gid it was created with (a session "
-                                        "gid, given to later sessions of any server); "
-                                        f"fix: `setfacl -d -m g::--- {path}`"))
+        out.append(replace(about, 
+            line=f"its default ACL gives the owning group {_rights(owning)}: what the server creates there is "
+                 "open to the gid it was created with (a session gid, given to later sessions of any server); "
+                 f"fix: `setfacl -d -m g::--- {path}`"))
     given = {gid for gid, perm in default.named(GROUP) if perm & (R | W) == R | W} if default else set()
     for name, gid in share:
         if gid not in given:
-            out.append(Finding(grant, path, f"no default ACL gives group {name} rw: what the server creates "
-                                            f"there stays its own; fix: `setfacl -d -m g:{name}:rwX,g::--- {path}`"))
+            out.append(replace(about, 
+                line=f"no default ACL gives group {name} rw: what the server creates there stays its own; "
+                     f"fix: `setfacl -d -m g:{name}:rwX,g::--- {path}`"))
     return out
 
 

@@ -61,8 +61,8 @@ def test_a_server_stopped_by_file_permissions_is_told_which_directory(lab) -> No
                              "--socket", str(sv.socket_path), "run", "ls"],
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
-    assert (f"landlock-supervisor: ls: file permissions (not Landlock): read_write_noexec {project}: "
-            f"uid ") in result.stderr, result.stderr
+    assert (f"landlock-supervisor: ls: file permissions (not Landlock): read_write_noexec {project} "
+            f"(drwxrwxrwx root:root): uid ") in result.stderr, result.stderr
     assert f"cannot search {private}" in result.stderr
     # A server that exits 0 is told nothing.
     private.chmod(0o755)
@@ -94,7 +94,7 @@ def test_check_shows_what_file_permissions_stop_and_passes_the_documented_acl(la
     found = json.loads(r.stdout)["manifests"][0]["dac"]
     assert len(found) == 1 and f"cannot search {private} (drwx------ root:root)" in found[0], found
     assert f"`setfacl -m g:users:--x {private}`" in found[0], found
-    assert f"FILE PERMISSIONS (not Landlock): read_write_noexec {project}: " in check().stdout
+    assert f"FILE PERMISSIONS (not Landlock): read_write_noexec {project} (drwxr-xr-x root:root): " in check().stdout
     # As docs/manifests.md says: search for the group on the way, rwx and a default ACL on the project.
     os.setxattr(private, ACCESS_XATTR, encode_acl([(USER_OBJ, 7, 0), (GROUP_OBJ, 0, 0), (GROUP, 1, USERS),
                                                    (MASK, 1, 0), (OTHER, 0, 0)]))

@@ -1,4 +1,4 @@
-"""`groups:`: supplementary groups a root supervisor's server joins to share a project; refused where it means nothing."""
+"""`groups:`: supplementary groups a root supervisor's server joins to share a project; refused where pointless."""
 from __future__ import annotations
 
 import grp
