@@ -4,7 +4,7 @@ Landlock only ever takes rights away: a grant the server's uid cannot
 reach by mode bits and ACLs is useless, and the server's own message
 ("Cannot access", exit 128) does not say why. `reach` is the rule, a pure
 function over a `lookup` of each path's owner, mode and ACLs; `findings`
-runs it on a manifest's grants with the real file system (`node_of`).
+runs it on a manifest's grants with the real file system (`file_system`).
 POSIX ACLs are read as their xattrs and parsed here (stdlib only).
 """
 from __future__ import annotations
@@ -208,15 +208,24 @@ def _fix(path: str, need: int, groups: tuple[str, ...], is_dir: bool = True) -> 
 
 # ---- the real file system ----------------------------------------------------
 
-def node_of(path: str) -> Node | None:
-    """path's Node (not following a last link: the caller resolved them), None if absent."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    acl = _xattr_acl(path, ACCESS_XATTR)
-    default = _xattr_acl(path, DEFAULT_XATTR) if stat.S_ISDIR(st.st_mode) else None
-    return Node(st.st_mode, st.st_uid, st.st_gid, acl, default, _user(st.st_uid), _group(st.st_gid))
+def file_system() -> Lookup:
+    """A lookup of the real file system, naming owners once per uid and gid (NSS may be slow)."""
+    users: dict[int, str] = {}
+    groups: dict[int, str] = {}
+
+    def lookup(path: str) -> Node | None:
+        try:
+            st = os.lstat(path)   # not following a last link: the caller resolved them
+        except OSError:
+            return None
+        if st.st_uid not in users:
+            users[st.st_uid] = _user(st.st_uid)
+        if st.st_gid not in groups:
+            groups[st.st_gid] = _group(st.st_gid)
+        default = _xattr_acl(path, DEFAULT_XATTR) if stat.S_ISDIR(st.st_mode) else None
+        return Node(st.st_mode, st.st_uid, st.st_gid, _xattr_acl(path, ACCESS_XATTR), default,
+                    users[st.st_uid], groups[st.st_gid])
+    return lookup
 
 
 def _xattr_acl(path: str, name: str) -> Acl | None:
@@ -256,8 +265,9 @@ def identity_of(m: Manifest) -> Identity:
     return Identity(creds.uid, frozenset({creds.gid, *creds.groups}))
 
 
-def findings(m: Manifest, lookup: Lookup = node_of) -> list[Finding]:
+def findings(m: Manifest, lookup: Lookup | None = None) -> list[Finding]:
     """Every grant of m its user cannot use by DAC, /proc and /sys left out."""
+    lookup = lookup or file_system()
     who = identity_of(m)
     share = tuple((str(name), gid) for name in m.spec.groups if (gid := _gid(name)) is not None)
     out: list[Finding] = []

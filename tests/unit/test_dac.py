@@ -135,12 +135,13 @@ def test_acl_xattr_round_trip() -> None:
 
 def test_acl_read_from_the_kernel(tmp_path: "os.PathLike[str]") -> None:
     """What setfacl writes, the kernel keeps and parse_acl reads (tmpfs and ext4 have POSIX ACLs)."""
-    from supervisor.dac import ACCESS_XATTR, DEFAULT_XATTR, node_of
+    from supervisor.dac import ACCESS_XATTR, DEFAULT_XATTR, file_system
     d = os.path.join(tmp_path, "p")
     os.mkdir(d, 0o770)
     value = encode_acl(SHARED.entries)
     os.setxattr(d, DEFAULT_XATTR, value)
     os.setxattr(d, ACCESS_XATTR, value)
+    node_of = file_system()
     node = node_of(d)
     assert node is not None and node.default_acl is not None and node.acl is not None
     assert node.default_acl.named(GROUP) == [(PROJ, 7)] and node.default_acl.perm(GROUP_OBJ) == 0
