@@ -79,9 +79,11 @@ class Share:
 
     def start(self) -> None:
         argv = [PYTHON, "-m", "supervisor", "--socket", str(self.socket), "serve",
-                "--manifests", str(EXAMPLES / "shared"), "--state-root", str(self.state), "--grace", "1",
+                "--manifests", str(EXAMPLES / "shared"), "--manifests", str(EXAMPLES / "filesystem.yaml"),
+                "--state-root", str(self.state), "--grace", "1",
                 "--allow-uid", str(self.uid)]
         env = {"PATH": "/usr/bin:/bin", "MCP_SERVERS": str(SERVERS), "MCP_PROJECT": str(self.project),
+               "MCP_PROJECTS": str(self.project),
                "MCP_GROUP": GROUP_NAME, "UV_OFFLINE": "1"}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -91,6 +93,12 @@ class Share:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"the supervisor did not start:\n{tail(self.log)}")
             time.sleep(0.05)
+
+    def run(self, name: str) -> subprocess.CompletedProcess[str]:
+        """`landlock-supervisor run NAME` as alice, with nothing on its stdin."""
+        return subprocess.run([PYTHON, "-m", "supervisor", "--socket", str(self.socket), "run", name], cwd="/",
+                              env={"PATH": "/usr/bin:/bin", "HOME": str(self.home)}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60, **self.as_alice())
 
     def call(self, name: str, tool: str, arguments: Mapping[str, Any]) -> str:
         """One tool call through `landlock-supervisor run NAME`, run as alice: its text."""
@@ -178,3 +186,14 @@ def test_check_finds_nothing_to_fix(share: Share) -> None:
     assert sorted(e["name"] for e in entries) == ["filesystem-shared", "git-shared", "git-uvx-shared"]
     for e in entries:
         assert e["dac"] == [], e
+
+
+def test_a_server_outside_the_group_is_told_what_stops_it(share: Share) -> None:
+    """examples/filesystem.yaml on the same project, without `groups:`: the filesystem server gives up
+    ("Cannot access"), and `run` says that file permissions, not Landlock, stopped it, and where."""
+    r = share.run("filesystem")
+    assert r.returncode == 1, r
+    assert "Cannot access" in r.stderr or "accessible" in r.stderr, r.stderr
+    assert (f"landlock-supervisor: filesystem: file permissions (not Landlock): read_write_noexec {share.project} "
+            f"(drwxrwx---+ {share.uid}:{share.uid}): uid ") in r.stderr, r.stderr
+    assert f"cannot search {share.home} (drwx--x---+ {share.uid}:{share.uid}) on the way" in r.stderr, r.stderr
