@@ -134,10 +134,12 @@ def wanted(grant: str, is_dir: bool) -> int:
     return base | W if grant.startswith("read_write") else base
 
 
-def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = ()) -> list[Finding]:
+def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = (),
+          umask: int = 0o077) -> list[Finding]:
     """What stops who from using path (absolute, links resolved) as the grant asks;
     [] when nothing does or the path does not exist. share: the manifest's `groups:`
-    as (name, gid), which the fixes name and a writable directory's default ACL should."""
+    as (name, gid), which the fixes name and a writable directory's default ACL should;
+    umask: the server's, which decides whether others read what it creates without one."""
     node = lookup(path)
     if node is None:
         return []
@@ -154,32 +156,36 @@ def reach(grant: str, path: str, who: Identity, lookup: Lookup, share: Share = (
     is_dir = stat.S_ISDIR(node.mode)
     need = wanted(grant, is_dir)
     missing = need & ~allowed(node, who)
-    out = []
     if missing:
-        out.append(Finding(grant, shown, f"{_who(who)} lacks {_rights(missing)} on it; "
-                                         f"fix: {_fix(path, need, groups, is_dir)}"))
-    if grant.startswith("read_write") and is_dir:
-        # Its own directories (its state) it shares with nobody.
-        out += _default_acl(Finding(grant, shown, ""), path, node.default_acl,
-                            share if node.uid != who.uid else ())
-    return out
+        return [Finding(grant, shown, f"{_who(who)} lacks {_rights(missing)} on it; "
+                                      f"fix: {_fix(path, need, groups, is_dir)}")]
+    if grant.startswith("read_write") and is_dir:   # what it will make there
+        return _default_acl(Finding(grant, shown, ""), path, node, who, share, umask)
+    return []
 
 
-def _default_acl(about: Finding, path: str, default: Acl | None, share: Share) -> list[Finding]:
+def _default_acl(about: Finding, path: str, node: Node, who: Identity, share: Share,
+                 umask: int) -> list[Finding]:
     """A writable directory's default ACL: what the files the server creates there will give."""
+    default = node.default_acl
     out = []
     owning = default.perm(GROUP_OBJ) or 0 if default is not None else 0
     if owning:
-        out.append(replace(about, 
-            line=f"its default ACL gives the owning group {_rights(owning)}: what the server creates there is "
-                 "open to the gid it was created with (a session gid, given to later sessions of any server); "
-                 f"fix: `setfacl -d -m g::--- {path}`"))
+        out.append(replace(
+            about, line=f"its default ACL gives the owning group {_rights(owning)}: what the server creates there "
+                        "is open to the gid it was created with (a session gid, given to later sessions of any "
+                        f"server); fix: `setfacl -d -m g::--- {path}`"))
+    if node.uid in (who.uid, 0):
+        return out      # its own (its state), or root's (/tmp): nobody to share with
     given = {gid for gid, perm in default.named(GROUP) if perm & (R | W) == R | W} if default else set()
     for name, gid in share:
         if gid not in given:
-            out.append(replace(about, 
-                line=f"no default ACL gives group {name} rw: what the server creates there stays its own; "
-                     f"fix: `setfacl -d -m g:{name}:rwX,g::--- {path}`"))
+            out.append(replace(about, line=f"no default ACL gives group {name} rw: what the server creates there "
+                                           f"stays its own; fix: `setfacl -d -m g:{name}:rwX,g::--- {path}`"))
+    if not share and not given and umask & 0o004:
+        out.append(replace(about, line=f"what the server creates there is its own (uid {who.uid}, umask {umask:03o}): "
+                                       f"{node.owner or node.uid} cannot read it; share it with `groups:` and a "
+                                       "default ACL (docs/manifests.md \"Sharing a project\")"))
     return out
 
 
@@ -275,5 +281,5 @@ def findings(m: Manifest, lookup: Lookup | None = None) -> list[Finding]:
         real = os.path.realpath(path)
         if any(real == d or real.startswith(d + "/") for d in NOT_CHECKED):
             continue
-        out += reach(grant, real, who, lookup, share)
+        out += reach(grant, real, who, lookup, share, m.umask)
     return out

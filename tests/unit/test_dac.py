@@ -37,7 +37,7 @@ SERVER_ALONE = Identity(SERVER, frozenset({SESSION, SERVER}))
 SERVER_IN_PROJ = Identity(SERVER, frozenset({SESSION, SERVER, PROJ}))
 SHARE = (("proj", PROJ),)
 
-# (case, grant, path under /home/alice, nodes, who, share, what the findings say: [] for none)
+# (case, grant, path under /home/alice, nodes, who, share, what the findings say: [] for none[, umask: 077])
 CASES = [
     ("readable file", "read_only_noexec", "notes", tree(notes=Node(F | 0o644, ALICE, ALICE)),
      SERVER_ALONE, (), []),
@@ -49,6 +49,11 @@ CASES = [
     ("owner bits count for the owner alone, 0077", "read_only_noexec", "notes",
      tree(notes=Node(F | 0o077, SERVER, SESSION)), SERVER_ALONE, (), ["lacks r--"]),
     ("world-writable directory", "read_write_noexec", "p", tree(p=Node(D | 0o777, ALICE, ALICE)),
+     SERVER_ALONE, (), ["/home/alice/p (drwxrwxrwx 1000:1000): what the server creates there is its own "
+                        "(uid 1879048198, umask 077): 1000 cannot read it; share it with `groups:`"]),
+    ("world-writable directory, a umask that lets others read", "read_write_noexec", "p",
+     tree(p=Node(D | 0o777, ALICE, ALICE)), SERVER_ALONE, (), [], 0o022),
+    ("root's world-writable directory (/tmp)", "read_write_noexec", "p", tree(p=Node(D | 0o1777, 0, 0)),
      SERVER_ALONE, (), []),
     ("directory readable, not writable", "read_write_noexec", "p", tree(p=Node(D | 0o755, ALICE, ALICE)),
      SERVER_ALONE, (), ["/home/alice/p (drwxr-xr-x 1000:1000): uid", "lacks -w- on it"]),
@@ -100,10 +105,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case,grant,path,nodes,who,share,expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case,grant,path,nodes,who,share,expected,umask",
+                         [(*c, 0o077)[:8] for c in CASES], ids=[c[0] for c in CASES])
 def test_reach(case: str, grant: str, path: str, nodes: dict[str, Node], who: Identity,
-               share: tuple[tuple[str, int], ...], expected: list[str]) -> None:
-    found = reach(grant, "/home/alice/" + path, who, nodes.get, share)
+               share: tuple[tuple[str, int], ...], expected: list[str], umask: int) -> None:
+    found = reach(grant, "/home/alice/" + path, who, nodes.get, share, umask)
     text = "\n".join(str(f) for f in found)
     assert bool(found) == bool(expected), text
     for part in expected:
