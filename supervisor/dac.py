@@ -272,12 +272,17 @@ def identity_of(m: Manifest) -> Identity:
 
 
 def findings(m: Manifest, lookup: Lookup | None = None) -> list[Finding]:
-    """Every grant of m its user cannot use by DAC, /proc and /sys left out."""
+    """Every grant of m its user cannot use by DAC. Left out: /proc and /sys, and a grant
+    inside a tree the server may write (it could plant the links that path resolves through:
+    the lines would then describe a path of its choosing; `check` warns of such grants)."""
     lookup = lookup or file_system()
     who = identity_of(m)
     share = tuple((str(name), gid) for name in m.spec.groups if (gid := _gid(name)) is not None)
+    trees = tuple(t.rstrip("/") + "/" for t in m.spec.untrusted_trees)
     out: list[Finding] = []
     for grant, path in m.spec.path_rules:
+        if path.startswith(trees):
+            continue
         real = os.path.realpath(path)
         if any(real == d or real.startswith(d + "/") for d in NOT_CHECKED):
             continue

@@ -161,3 +161,22 @@ def test_acl_read_from_the_kernel(tmp_path: "os.PathLike[str]") -> None:
     assert made is not None and made.acl is not None
     assert made.acl.named(GROUP) == [(PROJ, 7)] and made.acl.perm(MASK) == 6 and made.acl.perm(GROUP_OBJ) == 0
     assert allowed(made, SERVER_IN_PROJ) == 6 and allowed(made, SERVER_ALONE) == 0
+
+
+def test_findings_leave_out_proc_and_what_the_server_could_redirect() -> None:
+    """A grant inside the server's own writable tree resolves through links it could plant: not described."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    import landlock
+    from landlock.privileges import Credentials
+    from supervisor.dac import findings
+    from supervisor.manifest import Manifest
+    spec = landlock.Spec(read_write_noexec=("/home/alice/p",),
+                         read_only_noexec=("/home/alice/p/sub", "/proc/self"), untrusted_trees=("/home/alice/p",))
+    m = cast(Manifest, SimpleNamespace(spec=spec, credentials=Credentials(SERVER, SERVER, (SERVER,)), umask=0o077))
+    nodes = tree(p=Node(D | 0o777, ALICE, ALICE), p__sub=Node(D | 0o700, ALICE, ALICE))
+    nodes["/proc"] = Node(D | 0o700, 0, 0)
+    found = findings(m, nodes.get)
+    assert [(f.grant, f.line.split(":")[0]) for f in found] == [
+        ("read_write_noexec", "what the server creates there is its own (uid 1879048198, umask 077)")]
