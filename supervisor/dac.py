@@ -204,8 +204,9 @@ def _rights(bits: int) -> str:
 
 def _fix(path: str, need: int, groups: tuple[str, ...], is_dir: bool = True) -> str:
     if not groups:
-        return ("give the server a group that may (`groups:` with an ACL, docs/manifests.md \"Sharing a "
-                f"project\"), or `chmod o+{_rights(need).replace('-', '')} {path}` for everyone")
+        share = "give the server a group that may (`groups:` with an ACL, docs/manifests.md \"Sharing a project\")"
+        # Never proposed: writing for everyone.
+        return share if need & W else f"{share}, or `chmod o+{_rights(need).replace('-', '')} {path}` for everyone"
     acl = f"g:{groups[0]}:{_rights(need)}"
     if need & W and is_dir:
         return f"`setfacl -m {acl},d:{acl},d:g::--- {path}` (docs/manifests.md \"Sharing a project\")"

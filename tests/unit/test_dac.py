@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -43,7 +44,8 @@ CASES = [
      SERVER_ALONE, (), []),
     ("file of another, 0600", "read_only_noexec", "notes", tree(notes=Node(F | 0o600, ALICE, ALICE)),
      SERVER_ALONE, (), ["read_only_noexec /home/alice/notes (-rw------- 1000:1000): "
-                        "uid 1879048198 (groups 1879048198,1879113800) lacks r-- on it"]),
+                        "uid 1879048198 (groups 1879048198,1879113800) lacks r-- on it",
+                        "or `chmod o+r /home/alice/notes` for everyone"]),
     ("its own file, 0600", "read_write_noexec", "notes", tree(notes=Node(F | 0o600, SERVER, SESSION)),
      SERVER_ALONE, (), []),
     ("owner bits count for the owner alone, 0077", "read_only_noexec", "notes",
@@ -56,7 +58,8 @@ CASES = [
     ("root's world-writable directory (/tmp)", "read_write_noexec", "p", tree(p=Node(D | 0o1777, 0, 0)),
      SERVER_ALONE, (), []),
     ("directory readable, not writable", "read_write_noexec", "p", tree(p=Node(D | 0o755, ALICE, ALICE)),
-     SERVER_ALONE, (), ["/home/alice/p (drwxr-xr-x 1000:1000): uid", "lacks -w- on it"]),
+     SERVER_ALONE, (), ["/home/alice/p (drwxr-xr-x 1000:1000): uid", "lacks -w- on it; fix: give the server "
+                        "a group that may (`groups:` with an ACL, docs/manifests.md \"Sharing a project\")"]),
     ("a 0700 directory on the way", "read_write_noexec", "p",
      {**tree(p=Node(D | 0o777, ALICE, ALICE)), "/home/alice": Node(D | 0o700, ALICE, ALICE, owner="alice",
                                                                   group="alice")},
@@ -114,6 +117,7 @@ def test_reach(case: str, grant: str, path: str, nodes: dict[str, Node], who: Id
     assert bool(found) == bool(expected), text
     for part in expected:
         assert part in text, text
+    assert not re.search(r"chmod o\+\S*w", text), "never proposes writing for everyone"
 
 
 @pytest.mark.parametrize("node,who,bits", [
