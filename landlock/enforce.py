@@ -70,7 +70,7 @@ def prepare(spec: Spec, ruleset: Ruleset | None = None) -> Confinement:
     """Raises SpecError or LandlockUnavailable. `ruleset` reuses a built one."""
     ruleset = ruleset or build(spec)
     report = Report(**ruleset.report.to_dict())
-    creds = privileges.resolve(spec.user, spec.group)
+    creds = privileges.resolve(spec.user, spec.group, spec.groups)
     if creds is not None and os.geteuid() != 0 and (creds.uid, creds.gid) != (os.getuid(), os.getgid()):
         raise SpecError(f"user: switching to {spec.user!r} needs root")
     # Root without its capabilities, whether it stays root or switches to

@@ -24,12 +24,20 @@ class Credentials:
     groups: tuple[int, ...]
 
 
-def resolve(user: str | int | None, group: str | int | None) -> Credentials | None:
-    """Look names up before fork: NSS must not run in the child."""
+def resolve(user: str | int | None, group: str | int | None,
+            groups: tuple[str | int, ...] = ()) -> Credentials | None:
+    """Look names up before fork: NSS must not run in the child. groups:
+    supplementary groups joined besides the user's own."""
     if user is None:
-        if group is not None:
-            raise SpecError("group: needs a user as well")
+        if group is not None or groups:
+            raise SpecError(f"{'group' if group is not None else 'groups'}: needs a user as well")
         return None
+    creds = _user(user, group)
+    extra = {_gid(g, "groups") for g in groups}
+    return Credentials(creds.uid, creds.gid, tuple(sorted({*creds.groups, *extra})))
+
+
+def _user(user: str | int, group: str | int | None) -> Credentials:
     try:
         pw = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
     except KeyError:
@@ -43,13 +51,13 @@ def resolve(user: str | int | None, group: str | int | None) -> Credentials | No
     return Credentials(pw.pw_uid, gid, tuple(sorted(groups)))
 
 
-def _gid(group: str | int) -> int:
+def _gid(group: str | int, key: str = "group") -> int:
     if isinstance(group, int) or group.isdigit():
         return int(group)
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
-        raise SpecError(f"group: no such group {group!r}") from None
+        raise SpecError(f"{key}: no such group {group!r}") from None
 
 
 def bounding_set() -> tuple[int, ...]:

@@ -79,6 +79,8 @@ class Spec:
     log: tuple[str, ...] = ()
     user: str | int | None = None
     group: str | int | None = None
+    # Supplementary groups joined besides the user's own (names or gids).
+    groups: tuple[str | int, ...] = ()
     keep_capabilities: bool = False
     # Caps the ABI the library uses, to exercise downgrades on a newer
     # kernel; 0 behaves as a kernel without Landlock.
@@ -97,6 +99,7 @@ class Spec:
             object.__setattr__(self, name, value)
         for name in ("bind_tcp", "connect_tcp", "bind_udp", "connect_udp"):
             object.__setattr__(self, name, _ports(name, getattr(self, name)))
+        object.__setattr__(self, "groups", _groups(self.groups))
         for name in ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix",
                      "untrusted_trees"):
             for path in getattr(self, name):
@@ -160,6 +163,17 @@ class Spec:
         if unknown:
             raise SpecError(f"spec: unknown field(s) {', '.join(unknown)}")
         return cls(**data)
+
+
+def _groups(value: Any) -> tuple[str | int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise SpecError(f"groups: expected a list of group names or gids, got {value!r}")
+    out = tuple(value)
+    for group in out:
+        if isinstance(group, bool) or not isinstance(group, (str, int)) or group == "" \
+                or isinstance(group, int) and not 0 <= group < 2**32 - 1:
+            raise SpecError(f"groups: {group!r} is not a group name or gid")
+    return out
 
 
 def _ports(name: str, value: Any) -> tuple[int, ...]:

@@ -8,7 +8,8 @@ import os
 import landlock
 from landlock import audit as landlock_audit
 
-from . import audit, ids, namespaces, profiles
+from . import audit, dac, ids, namespaces, profiles
+from .denied import clean
 from .manifest import Manifest, ManifestError, load, load_all, writable_grants, writable_holding
 
 from landlock.ruleset import inside_writable
@@ -119,6 +120,7 @@ def describe(m: Manifest, warnings: list[str]) -> dict[str, Any]:
     if m.dynamic and m.uid is not None and m.area:
         _, recorded = ids.Table(os.path.dirname(os.path.dirname(m.area))).peek(m.name)
         entry["dynamic_uid"] = m.uid if recorded else None
+    entry["dac"] = [str(f) for f in dac.findings(m)]
     try:
         ruleset = landlock.build(m.spec)
     except (landlock.LandlockUnavailable, landlock.SpecError) as e:
@@ -174,6 +176,8 @@ def _print(kernel: dict[str, Any], entries: list[dict[str, Any]]) -> None:
                 print(f"  missing path skipped: {path}")
             for hole in e["holes"]:
                 print(f"  open: {hole}")
+        for finding in e["dac"]:
+            print(f"  FILE PERMISSIONS (not Landlock): {clean(finding)}")
         for w in e["warnings"]:
             print(f"  WARNING: {w}")
 

@@ -298,6 +298,12 @@ class Children:
         event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
         if tally is not None:
             event["denials"] = tally.summary()
+        if reason == "exited" and exited["code"] and session.conn is not None:
+            # A server that stops on its own may have met file permissions, not Landlock.
+            from . import dac
+            found = [str(f) for f in dac.findings(session.manifest)]
+            if found:
+                event["dac"] = found
         self.connections.send(session.conn, event)
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something

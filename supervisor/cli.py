@@ -395,6 +395,9 @@ def _tell_denials_summary(name: str, child: Child, status: int, kept: Journal) -
         text += f"; read them with {_pointer(kept)}"
     if text is not None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
+    for finding in exited.get("dac") or ():
+        print(f"{denied.PREFIX}{name}: file permissions (not Landlock): {denied.clean(finding)}",
+              file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:

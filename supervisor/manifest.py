@@ -6,6 +6,7 @@ Every error names the file, the key and what was expected.
 """
 from __future__ import annotations
 
+import grp
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -32,7 +33,7 @@ PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
 MAX_POOL = 8
 AUTO_POOL = "auto"   # the default: a pool kept while the manifest is in demand (zygote.pools.Demand)
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
-             "user", "group", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
+             "user", "group", "groups", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
              "terminal"}
 _SANDBOX_KEYS = {*PATH_CLASSES, "profiles", "network", "rlimits", "require", "best_effort",
                  "scopes", "strict_paths", "log", "max_abi"}
@@ -139,7 +140,11 @@ class _Loader:
         cwd, client_env, umask = self._cwd(state_dir), self._client_env(), self._umask()
         pool, terminal, on_disconnect = self._serving()
         user, group, allow_root, dynamic = self._identity(name)
-        fragment, spec, creds = self._sandbox(command, manifest_env, inherit_env, state_dir, area, user, group)
+        groups = self._groups(user, allow_root)
+        fragment, spec, creds = self._sandbox(command, manifest_env, inherit_env, state_dir, area, user, group,
+                                              groups)
+        if groups and creds is not None and creds.uid == 0:
+            self.top.fail("groups", "needs `user:` other than root: a server of uid 0 joins no group")
         defaults = self._dynamic_defaults(name, state_dir, inherit_env) if dynamic and user is not None else {}
         manifest_env = {**defaults, **fragment.env, **manifest_env}  # the manifest's own values win
         return Manifest(name=name, source=self.source, command=command, args=tuple(args), cwd=cwd,
@@ -250,6 +255,28 @@ class _Loader:
                           "(user: dynamic, a user name, or allow_root: true with every capability dropped)")
         return user, group, allow_root, dynamic
 
+    def _groups(self, user: str | int | None, allow_root: bool) -> list[str]:
+        """`groups:`, supplementary groups the server joins to share files
+        (docs/manifests.md, "Sharing a project"): names the administrator
+        made, joined by a root supervisor's server that runs as a user."""
+        groups = [self.expand(f"groups[{i}]", g) for i, g in enumerate(self.top.strings("groups"))]
+        if not groups:
+            return groups
+        if not self.as_root:
+            self.top.fail("groups", "needs a root supervisor: a user's own supervisor runs its servers as "
+                          "itself, with its own groups")
+        if allow_root or user is None:
+            self.top.fail("groups", "needs `user:` (dynamic or a user name): a server that stays root "
+                          "joins no group")
+        for i, name in enumerate(groups):
+            try:
+                gid = grp.getgrnam(name).gr_gid
+            except KeyError:
+                self.top.fail(f"groups[{i}]", f"no such group {name!r} (a group name, made by the administrator)")
+            if gid == 0:
+                self.top.fail(f"groups[{i}]", f"{name!r} is gid 0: root's group owns system files")
+        return groups
+
     def _dynamic_uid(self, name: str) -> int | None:
         """A `user: dynamic` manifest's uid; None under a user's own supervisor,
         which cannot switch uids: it runs the server as itself."""
@@ -265,7 +292,7 @@ class _Loader:
         return user
 
     def _sandbox(self, command: str, manifest_env: dict[str, str], inherit_env: list[str], state_dir: str | None,
-                 area: str | None, user: str | int | None, group: str | int | None
+                 area: str | None, user: str | int | None, group: str | int | None, groups: list[str]
                  ) -> tuple[profiles.Fragment, landlock.Spec, privileges.Credentials | None]:
         """The profiles' fragment, the Spec, its credentials."""
         sandbox = Reader(self.source, self.data.get("sandbox") if isinstance(self.data, dict) else None,
@@ -275,7 +302,7 @@ class _Loader:
             state_dir=state_dir, command=command, area=area,
             given=frozenset({*manifest_env, *(k for k in inherit_env if k in self.env)})),
             lambda msg: sandbox.fail("profiles", msg))
-        spec, creds = self._spec(sandbox, self._paths(sandbox, fragment, state_dir), user, group)
+        spec, creds = self._spec(sandbox, self._paths(sandbox, fragment, state_dir), user, group, groups)
         return fragment, spec, creds
 
     def _paths(self, sandbox: Reader, fragment: profiles.Fragment, state_dir: str | None) -> dict[str, list[str]]:
@@ -291,7 +318,7 @@ class _Loader:
         return paths
 
     def _spec(self, sandbox: Reader, paths: dict[str, list[str]], user: str | int | None,
-              group: str | int | None) -> tuple[landlock.Spec, privileges.Credentials | None]:
+              group: str | int | None, groups: list[str]) -> tuple[landlock.Spec, privileges.Credentials | None]:
         """The Spec, and the credentials it runs with (looked up here, once)."""
         network = Reader(self.source, sandbox.data.get("network"), "sandbox.network.", _NETWORK_KEYS)
         ports = {k: port_list(network, k) for k in PORT_KEYS}
@@ -308,8 +335,8 @@ class _Loader:
                 best_effort=sandbox.get("best_effort", bool, False),
                 strict_paths=sandbox.get("strict_paths", bool, False),
                 log=sandbox.strings("log"), max_abi=sandbox.get("max_abi", int, None),
-                user=user, group=group, keep_capabilities=False)
-            return spec, privileges.resolve(user, group)
+                user=user, group=group, groups=tuple(groups), keep_capabilities=False)
+            return spec, privileges.resolve(user, group, spec.groups)
         except landlock.SpecError as e:
             sandbox.fail("", str(e))
 
