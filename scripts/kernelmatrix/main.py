@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any, NoReturn
 
-from . import debian, guest, host, matrix, patched
+from . import debian, guest, host, matrix, patched, qemu
 from .config import CACHE, GUEST_TIMEOUT, REPO, TEST_PATHS
 from .kernels import GROUPS, KERNELS, expected_abi, kind, select
 from .proc import Fail, Skip, die, kill_children, say
@@ -115,7 +115,10 @@ def run_all(prepared: dict[str, dict[str, Any]], paths: list[str], args: argpars
     # by git.)
     subprocess.run([REPO / ".venv/bin/python", "-m", "compileall", "-q", "-x", r"/\.",
                     REPO], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    say(f"running {' '.join(paths)} in {len(prepared)} guests, {args.j} at a time")
+    accel, why = qemu.choose_accel(next(iter(prepared.values())), CACHE / "logs" / "kvm-probe.log")
+    for info in prepared.values():
+        info["accel"] = accel
+    say(f"running {' '.join(paths)} in {len(prepared)} guests, {args.j} at a time, under {why}")
     order = sorted(prepared, key=lambda n: kind(n) != "qemu")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.j)
     futs = {pool.submit(guest.run, n, prepared[n], paths, args.timeout): n for n in order}

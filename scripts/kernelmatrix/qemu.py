@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import HERE
-from .proc import Fail, sha
+from .proc import Fail, sha, spawn
 
 
 def finish_initramfs(info: dict[str, Any], log: Path) -> dict[str, Any]:
@@ -40,19 +40,32 @@ def finish_initramfs(info: dict[str, Any], log: Path) -> dict[str, Any]:
     return dict(info, initrd=str(initrd))
 
 
-def accel() -> list[str]:
-    """KVM where /dev/kvm can be opened (the host's CPU, at native speed),
-    else TCG (any host; slower, which GUEST_TIMEOUT allows for)."""
+TCG = ["-accel", "tcg", "-cpu", "max"]
+KVM = ["-accel", "kvm", "-cpu", "host"]
+KVM_PROBE_TIMEOUT = 90  # seconds for a KVM guest to boot and run /bin/true
+
+
+def choose_accel(info: dict[str, Any], log: Path) -> tuple[list[str], str]:
+    """KVM where it works (the host's CPU at native speed), else TCG (any
+    host; slower, which GUEST_TIMEOUT allows for): (qemu's options, why).
+    That /dev/kvm opens is not enough: under nested virtualisation a KVM
+    guest was seen to stop at its first cmpxchg16b ("emulation failure"),
+    so a guest of `info`'s kernel must boot and run /bin/true first."""
     try:
         os.close(os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC))
-    except OSError:
-        return ["-accel", "tcg", "-cpu", "max"]
-    return ["-accel", "kvm", "-cpu", "host"]
+    except OSError as e:
+        return TCG, f"TCG: /dev/kvm: {e.strerror}"
+    log.write_text("")
+    spawn(command(dict(info, accel=KVM), ["GUEST_CMD=/bin/true", "MK_KEEP_TMP="], []), log, KVM_PROBE_TIMEOUT)
+    if "MULTIKERNEL-EXIT=0" in log.read_text(errors="replace"):
+        return KVM, "KVM"
+    return TCG, f"TCG: a KVM guest did not run /bin/true within {KVM_PROBE_TIMEOUT}s (log: {log})"
 
 
 def command(info: dict[str, Any], guest_params: list[str], append: list[str]) -> list[Any]:
-    """qemu booting a prepared kernel and its initramfs on the host's root; append: the kernel's own parameters."""
-    return ["qemu-system-x86_64", *accel(), "-m", "1024", "-smp", "1",
+    """qemu booting a prepared kernel and its initramfs on the host's root,
+    with info["accel"] (TCG if unset); append: the kernel's own parameters."""
+    return ["qemu-system-x86_64", *info.get("accel", TCG), "-m", "1024", "-smp", "1",
             "-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
             "-kernel", Path(info["dir"]) / "vmlinuz", "-initrd", info["initrd"],
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,"

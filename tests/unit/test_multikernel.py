@@ -80,22 +80,42 @@ def test_read_console_without_marker_or_in_time() -> None:
     assert guest.read_console("", False, 1)["seen"] == "?"
 
 
-def test_every_guest_is_booted_by_qemu_with_kvm_where_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_guest_is_booted_by_qemu_with_the_chosen_accelerator() -> None:
     """No guest is a User-Mode Linux one (UML 6.12 panics on a CPU with AMX): the patched kernel and Debian's
-    boot alike, with the patched kernel's own parameters, under KVM when /dev/kvm opens and TCG when not."""
-    info = {"dir": "/c/k", "initrd": "/c/k/initrd.img"}
-    real_open = os.open
-
-    def kvm_missing(path: str, flags: int) -> int:
-        raise FileNotFoundError(path)
+    boot alike, with the patched kernel's own parameters and the accelerator chosen for the run."""
+    info = {"dir": "/c/k", "initrd": "/c/k/initrd.img", "accel": qemu.KVM}
     for name in kernels.KERNELS:
         cmd = qemu.command(info, ["GUEST_CMD=/x"], kernels.KERNELS[name].get("append", []))
-        assert cmd[0] == "qemu-system-x86_64"
+        assert cmd[0] == "qemu-system-x86_64" and cmd[1:5] == qemu.KVM
         assert " ".join(kernels.KERNELS[name].get("append", [])) in cmd[-1]
-    monkeypatch.setattr(qemu.os, "open", kvm_missing)
-    assert qemu.accel() == ["-accel", "tcg", "-cpu", "max"]
-    monkeypatch.setattr(qemu.os, "open", lambda path, flags: real_open("/dev/null", flags))
-    assert qemu.accel() == ["-accel", "kvm", "-cpu", "host"]
+    assert qemu.command({"dir": "/c/k", "initrd": "/i"}, [], [])[1:5] == qemu.TCG
+
+
+@pytest.mark.parametrize("kvm_opens, console, accel, why", [
+    (False, "", qemu.TCG, "TCG: /dev/kvm: No such file or directory"),
+    (True, "Run /init\nMULTIKERNEL-EXIT=0\n", qemu.KVM, "KVM"),
+    (True, "KVM internal error. Suberror: 1\nemulation failure\n", qemu.TCG, "TCG: a KVM guest did not run"),
+    (True, "", qemu.TCG, "TCG: a KVM guest did not run")])
+def test_kvm_only_where_a_guest_boots_under_it(kvm_opens: bool, console: str, accel: list[str], why: str,
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/kvm opening is not enough (nested KVM was seen to fail at a guest's first cmpxchg16b): a guest
+    must boot under it, else every guest runs under TCG, and the run says why."""
+    real_open = os.open
+
+    def fake_open(path: str, flags: int) -> int:
+        if not kvm_opens:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_open("/dev/null", flags)
+
+    def fake_spawn(cmd: list[Any], log: Path, timeout: float) -> int:
+        assert cmd[1:5] == qemu.KVM and "GUEST_CMD=/bin/true" in cmd[-1]
+        log.write_text(console)
+        return 0
+
+    monkeypatch.setattr(qemu.os, "open", fake_open)
+    monkeypatch.setattr(qemu, "spawn", fake_spawn)
+    got_accel, got_why = qemu.choose_accel({"dir": "/c/k", "initrd": "/i"}, tmp_path / "probe.log")
+    assert got_accel == accel and got_why.startswith(why)
 
 
 @pytest.mark.parametrize("repo, cache, keep", [
