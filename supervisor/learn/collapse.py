@@ -83,6 +83,14 @@ class Proposal:
     writes: dict[str, str]            # a write attempted outside what learning allowed -> evidence
     optional: dict[str, str]          # a read its profile says it does without (left out) -> evidence
     covered: dict[str, int]           # profile -> accesses it covers
+    untested: set[str] = field(default_factory=set)   # keys() no run has confirmed (the last round added them)
+
+    def keys(self) -> set[str]:
+        """What it grants, one key each ("read_only /usr/bin/x", "connect_tcp 443"): two proposals
+        with the same keys allow the same (their comments may differ)."""
+        return ({f"profile {name}" for name in self.profiles} | {f"{g.cls} {g.path}" for g in self.grants}
+                | {f"connect_tcp {port}" for port in self.connect_tcp} | {f"bind_tcp {port}" for port in self.bind_tcp}
+                | {f"connect_unix {path}" for path in self.connect_unix})
 
 
 def describe(a: Access) -> str:

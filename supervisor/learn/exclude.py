@@ -15,10 +15,21 @@ from dataclasses import dataclass
 from ..refusal import Known, why_not
 from ..secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
 
+
 @dataclass(frozen=True)
 class Excluded:
     path: str
     why: str
+
+
+def own_home() -> str | None:
+    """The home a server has: the invoking user's; none as root (a dynamic user)."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
 
 
 def homes(own: str | None) -> list[str]:

@@ -11,9 +11,7 @@ denial. The scratch directory is removed at the end.
 from __future__ import annotations
 
 import os
-import pwd
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -24,16 +22,13 @@ from typing import Any
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
-from . import area, exclude, execs, render, runner
+from . import area, exclude, execs, render, report, runner
 from .collapse import Layout, Proposal
-from .names import clean
-from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED, EXIT_CALL_FAILED = 0, 1, 2, 3, 4, 5
 PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
-SCRATCH_PARENT = "/var/tmp"
-_SHOWN = 12       # refusals in the summary    # not under /tmp, which the learning run may write
+SCRATCH_PARENT = "/var/tmp"   # not under /tmp, which the learning run may write
 
 
 class LearnError(Exception):
@@ -57,6 +52,7 @@ class Options:
     rounds: int = 5
     timeout: float = 60.0
     keep: bool = False
+    allow_tool_errors: bool = False   # a tool's error reply (isError, a JSON-RPC error) is no failure
 
 
 def name_for(command: Sequence[str]) -> str:
@@ -117,7 +113,9 @@ class Learner:
         self.state_dir = os.path.join(self.area, "state")
         self.uid, self.gids = self._identity()
         self.accesses: list[Access] = []
-        self.rounds: list[tuple[str, runner.Run, int]] = []   # (what, run, denials)
+        self.rounds: list[report.Round] = []
+        self.held: list[Access] = []        # the denials of a run a call timed out in: listed, not granted
+        self.would: Proposal | None = None  # the proposal with them: the lines that would allow them
         self._current_trace = ""
 
     # -- set-up ---------------------------------------------------------------
@@ -157,7 +155,7 @@ class Learner:
         return out
 
     def layout(self) -> Layout:
-        home = own_home()
+        home = exclude.own_home()
         fragments = self.fragments()
         projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
         projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
@@ -257,29 +255,43 @@ class Learner:
     # -- the rounds -----------------------------------------------------------
 
     def learn(self) -> tuple[str, Proposal, bool]:
+        """The rounds; no round after a run a call timed out in (its denials are held, listed, not granted)."""
         layout = self.layout()
         self._current_trace = self.trace_dir(1)
         first = self._run(1, self.learning_manifest(self._current_trace, layout))
         if not first.outcomes or not first.outcomes[0].ok:
             raise LearnError(f"the server did not answer initialize under the learning policy "
-                             f"({_outcome_text(first.outcomes)}); its stderr ends with:\n{first.stderr.strip()}")
-        self.accesses = self.observed(first, False, 1)
-        self.rounds.append(("learning run", first, 0))
+                             f"({report.outcomes_text(first.outcomes)}); its stderr ends with:\n"
+                             f"{first.stderr.strip()}")
+        seen = self.observed(first, False, 1)
+        self.accesses = seen
+        if report.timed_out(first):
+            self.accesses = [a for a in seen if not a.denied]
+            self.held = [a for a in seen if a.denied]
+        self.rounds.append(report.Round("learning run", first, []))
         proposal = collapsing.collapse(self.accesses, layout)
-        validated = False
+        tested: Proposal | None = None
         for number in range(2, self.opts.rounds + 1):
+            if self.held or report.timed_out(self.rounds[-1].run):
+                break
             self._current_trace = self.trace_dir(number)
             run = self._run(number, self.traced_variant(proposal, self._current_trace, layout))
             denials = self.observed(run, True, number)
             # (The reads left out as optional are denied, harmlessly: not counted.)
-            self.rounds.append(("validation run", run,
-                                sum(collapsing.optional(d, layout) is None for d in denials)))
-            before = render.sandbox(proposal)
+            self.rounds.append(report.Round("validation run", run,
+                                            [d for d in denials if collapsing.optional(d, layout) is None]))
+            tested = proposal
+            if report.timed_out(run):
+                self.held = self.rounds[-1].denials
+                break
             self.accesses += denials
             proposal = collapsing.collapse(self.accesses, layout)
-            if render.sandbox(proposal) == before:
-                validated = run.answered and len(run.outcomes) == len(self.opts.session)
+            if proposal.keys() == tested.keys():
                 break
+        proposal.untested = proposal.keys() - (tested.keys() if tested else set())
+        self.would = collapsing.collapse(self.accesses + self.held, layout)   # the lines that would allow
+        validated = (tested is not None and not proposal.untested and not self.held
+                     and len(self.rounds[-1].run.outcomes) == len(self.opts.session))
         return self.text(proposal, layout, validated), proposal, validated
 
     def text(self, proposal: Proposal, layout: Layout, validated: bool) -> str:
@@ -290,6 +302,7 @@ class Learner:
                   f"Session: {self.opts.session_text}.",
                   "A trace sees only the paths this session took: review each grant, and learn again",
                   "with more --call (or a --session file) if the server does more in real use.", ""]
+        header[1:1] = report.failed_calls_header(self)
         return render.manifest(self.draft, proposal, header, _profile_notes())
 
     def close(self) -> None:
@@ -311,16 +324,6 @@ def absolute_arg(arg: str) -> str:
     return os.path.abspath(arg)
 
 
-def own_home() -> str | None:
-    """The home a server has: the invoking user's; none as root (a dynamic user)."""
-    if os.geteuid() == 0:
-        return None
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return None
-
-
 def strace_libraries() -> list[str]:
     """The shared libraries strace loads (ldd's list), resolved."""
     try:
@@ -330,32 +333,8 @@ def strace_libraries() -> list[str]:
     return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})
 
 
-def _outcome_text(outcomes: Sequence[Outcome]) -> str:
-    return ", ".join(f"{o.method}: {'ok' if o.ok else clean(o.detail)}" for o in outcomes) or "no reply"
-
-
-def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: float) -> list[str]:
-    out = [f"learn: {learner.name}: {len(learner.rounds)} runs in {seconds:.1f}s"]
-    for number, (what, run, denials) in enumerate(learner.rounds, 1):
-        tail = f", {denials} denial{'s' * (denials != 1)}" if number > 1 else ""
-        out.append(f"  run {number} ({what}, {run.seconds:.1f}s): {_outcome_text(run.outcomes)}{tail}")
-    grants = sum(1 for _ in proposal.grants) + len(proposal.connect_tcp) + len(proposal.bind_tcp)
-    out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; "
-               f"{grants - len(proposal.grants)} ports")
-    for g in proposal.grants:
-        if g.flag:
-            out.append(f"  broad: {g.cls} {clean(g.path)}: {g.flag}")
-    # Paths and evidence are the server's: one escaped token each (the
-    # --write suggestion one shell word too).
-    items = [f"  not granted (learn again with --write {shlex.quote(clean(path))} to allow it): {clean(why)}"
-             for path, why in sorted(proposal.writes.items())]
-    items += [f"  refused: {clean(what)}: {clean(why)}" for what, why in sorted(proposal.refused.items())]
-    out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
-                             if len(items) > _SHOWN else [])
-    if not validated:
-        last = learner.rounds[-1][1]
-        out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else
-                                         f"the session failed ({_outcome_text(last.outcomes)})"))
-        if last.stderr.strip():
-            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])   # the server's own, as it is
-    return out
+def exit_code(learner: Learner, proposal: Proposal, validated: bool) -> int:
+    """5: a call failed in the last run (the manifest may lack what it needed); 4: not validated; 0."""
+    if report.failures(learner.rounds[-1].run, learner.opts.allow_tool_errors):
+        return EXIT_CALL_FAILED
+    return EXIT_OK if validated else EXIT_NOT_VALIDATED

@@ -54,8 +54,11 @@ def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = N
     return out
 
 
-def _grant_line(g: Grant) -> str:
-    why = g.reason + (f"; {g.flag}" if g.flag else "")
+UNTESTED = "NOT VALIDATED (the last round added it, no run has confirmed it): "
+
+
+def _grant_line(g: Grant, untested: bool) -> str:
+    why = (UNTESTED if untested else "") + g.reason + (f"; {g.flag}" if g.flag else "")
     seen = "; ".join(g.evidence) + (f" and {g.seen - len(g.evidence)} more" if g.seen > len(g.evidence) else "")
     return _line(f"    - {q(g.path)}", f"{why}: {seen}" if seen else why)
 
@@ -71,18 +74,23 @@ def sandbox(p: Proposal, extra: Mapping[str, Sequence[str]] | None = None,
         more = list((extra or {}).get(cls, ()))
         if grants or more:
             out.append(f"  {cls}:")
-            out += [_grant_line(g) for g in grants]
+            out += [_grant_line(g, f"{g.cls} {g.path}" in p.untested) for g in grants]
             out += [f"    - {q(path)}" for path in more]
     if p.connect_unix:
         out.append("  connect_unix:")
-        out += [_line(f"    - {q(path)}", why) for path, why in sorted(p.connect_unix.items())]
+        out += [_line(f"    - {q(path)}", _mark(p, f"connect_unix {path}") + why)
+                for path, why in sorted(p.connect_unix.items())]
     if p.connect_tcp or p.bind_tcp:
         out.append("  network:")
         for key, ports in (("connect_tcp", p.connect_tcp), ("bind_tcp", p.bind_tcp)):
             if ports:
                 out.append(f"    {key}:")
-                out += [_line(f"      - {port}", why) for port, why in sorted(ports.items())]
+                out += [_line(f"      - {port}", _mark(p, f"{key} {port}") + why) for port, why in sorted(ports.items())]
     return out
+
+
+def _mark(p: Proposal, key: str) -> str:
+    return UNTESTED if key in p.untested else ""
 
 
 def not_granted(p: Proposal) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from ..client import SupervisorError
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
-from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, WRITE, Access, read_task
+from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_task
 
 MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
 _STDERR_TAIL = 2000
@@ -46,11 +46,7 @@ class Run:
     uid: int
     gids: tuple[int, ...] = field(default=())
     denied: list[dict[str, Any]] = field(default_factory=list)   # the supervisor's `denied` events
-
-    @property
-    def answered(self) -> bool:
-        """Every request got a reply (an error reply included: the server ran)."""
-        return bool(self.outcomes) and all(o.ok or o.detail.startswith("error ") for o in self.outcomes)
+    tracer: int = 0        # the spawned pid: strace itself, whose own accesses are not the server's
 
 
 DenialSource = Callable[[Run], list[Access]]
@@ -93,7 +89,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
     finally:
         client.close()
     return Run(outcomes, status, _tail(stderr_path), trace_dir, cwd, time.monotonic() - started, uid, gids,
-               list(child.denied))
+               list(child.denied), child.pid)
 
 
 def _finish(child: Any) -> int | None:
@@ -172,11 +168,15 @@ def audit_denials(r: Run) -> list[Access]:
     """The DenialSource of the kernel's own word: the `denied` events the
     supervisor read from the audit log while this run was confined
     (where it reads them). It sees what a trace cannot: the kernel's
-    execute checks inside execve, io_uring."""
+    execute checks inside execve, io_uring. The tracer's own (strace reads
+    /proc/sys/kernel/pid_max and its tracees' /proc files) are not the
+    server's: left out."""
     out = []
     for event in r.denied:
         rights, obj = event.get("rights") or [], str(event.get("object") or "")
         process = event.get("process") or {}
+        if process.get("pid") == r.tracer and process.get("exe") == STRACE:
+            continue
         evidence = f"denied to {process.get('comm') or 'the server'}, audit"
         if event.get("kind") == "tcp":
             port = int(obj.rpartition(":")[2]) if obj.rpartition(":")[2].isdigit() else 0

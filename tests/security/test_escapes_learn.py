@@ -136,7 +136,7 @@ opts = learner.Options(command=a["command"], name="hostile", session=requests([(
 one = learner.Learner(opts)
 try:
     text, p, validated = one.learn()
-    summary = learner.summary(one, p, validated, 0.0)
+    summary = learner.report.summary(one, p, validated, 0.0)
 finally:
     one.close()
 print(json.dumps({"text": text, "grants": [[g.cls, g.path] for g in p.grants], "connect_unix": list(p.connect_unix),

@@ -102,8 +102,9 @@ def test_learns_a_manifest_that_serves_the_session(lab, tiny, kept) -> None:
                                     None)
             outcomes = session.drive(in_w, out_r, plan, 10)
             os.close(in_w)
-    assert [o.ok for o in outcomes] == [True] * 4
+    assert [o.ok for o in outcomes] == [True, True, True, False]
     assert outcomes[2].detail == "" and "Permission denied" in outcomes[3].detail
+    assert outcomes[3].failure == session.TOOL_ERROR and outcomes[3].call == "tools/call save"
     assert (out / "b.txt").read_text() == "x" and not (lab.dir / "elsewhere.txt").exists()
 
 
@@ -116,8 +117,9 @@ def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny
         assert not (target / "x.txt").exists()
     finally:
         shutil.rmtree(target)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr   # the call failed: the manifest lacks what it needed
     assert f"learn again with --write {target / 'x.txt'}" in result.stderr
+    assert "  FAILED: tools/call save (tool error): \"[Errno 13] Permission denied" in result.stderr
     sandbox = result.stdout.split("sandbox:")[1].split("# Writes it attempted")[0]
     assert str(target) not in sandbox
     assert f"#   {target / 'x.txt'}: " in result.stdout

@@ -1,0 +1,107 @@
+"""learn tells the truth (issue 25), on a stdlib server of tests/supervisor/learnservers: a failed call is a
+failure, a grant no run confirmed is marked, the denials that remained are named with the line that would
+allow them, no round follows a run whose call timed out."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_learn import kept, learn  # noqa: F401 (a fixture)
+
+from supervisor import manifest as manifests
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="learn needs strace")
+
+SERVER = Path(__file__).parent / "learnservers" / "truthful.py"
+
+
+@pytest.fixture
+def truthful(lab) -> Path:
+    (lab.dir / "srv").mkdir(mode=0o755)
+    server = lab.dir / "srv" / "truthful.py"
+    shutil.copyfile(SERVER, server)
+    os.chmod(server, 0o644)
+    return server
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A local TCP server that says hello to each connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"hello")
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def call(tool: str, **arguments: object) -> list[str]:
+    return ["--call", tool, json.dumps(arguments)]
+
+
+def lines(stderr: str, start: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(start)]
+
+
+def test_a_tool_error_and_a_json_rpc_error_are_failures(lab, truthful, kept) -> None:
+    result = learn(lab, "--name", "t", "--out", str(kept / "t.yaml"), *call("fail"), *call("rpcfail"),
+                   "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 5, result.stderr
+    # The server's own message, escaped, on one line: its line break and U+2028 never reach the reader.
+    assert lines(result.stderr, "  FAILED: ") == [
+        '  FAILED: tools/call fail (tool error): "not a public address,\\nstart with --allow-private-ips"',
+        '  FAILED: tools/call rpcfail (error): "error -32000: the database is locked\\u2028really"']
+    header = (kept / "t.yaml").read_text().split("\nname:")[0]
+    assert '# FAILED in the last run: tools/call fail (tool error): "not a public address,\\nstart' in header
+    assert "tools/call fail: ok" not in result.stderr
+    manifests.load(kept / "t.yaml", state_root=str(lab.dir / "state"))
+
+
+def test_allow_tool_errors_lets_a_session_call_failing_tools(lab, truthful) -> None:
+    result = learn(lab, "--name", "t", "--allow-tool-errors", *call("fail"), "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 0, result.stderr
+    assert not lines(result.stderr, "  FAILED") and "# Failed, allowed by --allow-tool-errors: tools/call fail" \
+        in result.stdout
+
+
+def test_a_call_the_learning_policy_failed_is_retried_with_what_it_needs(lab, truthful, port) -> None:
+    """The learning run has no network: the connect is denied, the tool answers isError; the next round
+    runs with the port and the call works."""
+    result = learn(lab, "--name", "t", *call("connect", port=port), "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 0, result.stderr
+    runs = lines(result.stderr, "  run ")
+    assert "FAILED tools/call connect (tool error): \"connect failed: [Errno 13]" in runs[0]
+    assert runs[-1].endswith("tools/call connect: ok, 0 denials")
+    assert f"      - {port} " in result.stdout
+
+
+def test_no_round_after_a_call_that_timed_out(lab, truthful, port) -> None:
+    """Its denial (the connect) is listed with the line that would allow it, never granted."""
+    result = learn(lab, "--name", "t", "--timeout", "3", *call("hang", port=port), "--", "/usr/bin/python3",
+                   str(truthful))
+    assert result.returncode == 5, result.stderr
+    assert len(lines(result.stderr, "  run ")) == 1
+    assert lines(result.stderr, "  stopped after run 1: tools/call hang got no reply in time")
+    denied = lines(result.stderr, f"  denied in run 1: connect_tcp {port} ")
+    assert denied and denied[0].endswith(f"allowed by `network: connect_tcp: [{port}]`")
+    assert lines(result.stderr, '  FAILED: tools/call hang (no reply in time): "no reply in time"')
+    assert "network:" not in result.stdout and str(port) not in result.stdout.split("sandbox:")[1]
+    assert "NOT validated" in result.stdout.splitlines()[0]
