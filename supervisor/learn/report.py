@@ -79,7 +79,10 @@ def remaining(learner: Learner) -> list[tuple[int, Access]]:
     """The denials the last run met (or the run a call timed out in), with their run's number."""
     found = learner.held or learner.rounds[-1].denials
     # strace's and the kernel's word for the same denial: once.
-    return [(len(learner.rounds), a) for a in {(a.kind, a.path, a.port): a for a in found}.values()]
+    once: dict[tuple[str, str, int], Access] = {}
+    for a in found:
+        once.setdefault((a.kind, a.path, a.port), a)
+    return [(len(learner.rounds), a) for a in once.values()]
 
 
 def failed_calls_header(learner: Learner) -> list[str]:

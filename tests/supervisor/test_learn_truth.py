@@ -105,3 +105,31 @@ def test_no_round_after_a_call_that_timed_out(lab, truthful, port) -> None:
     assert lines(result.stderr, '  FAILED: tools/call hang (no reply in time): "no reply in time"')
     assert "network:" not in result.stdout and str(port) not in result.stdout.split("sandbox:")[1]
     assert "NOT validated" in result.stdout.splitlines()[0]
+
+
+def test_a_grant_the_last_round_added_is_marked_and_the_exit_code_says_so(lab, truthful, kept) -> None:
+    grow = lab.dir / "grow"   # not in srv, granted whole for the script
+    for i in (1, 2, 3):
+        (grow / str(i)).mkdir(parents=True)
+        (grow / str(i) / "f").write_text("x")
+    result = learn(lab, "--name", "t", "--rounds", "2", "--out", str(kept / "t.yaml"), *call("grow", dir=str(grow)),
+                   "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 4, result.stderr
+    text = (kept / "t.yaml").read_text()
+    marked = [line for line in text.splitlines() if "NOT VALIDATED" in line]
+    assert len(marked) == 1 and marked[0].startswith(f'    - "{grow / "2"}"'), text
+    assert f'    - "{grow / "1"}"' in text   # run 2 ran with it
+    assert lines(result.stderr, "  NOT VALIDATED: ") == [
+        f"  NOT VALIDATED: read_only_noexec {grow / '2'}: the last round added it, no run confirmed it"]
+    denied = lines(result.stderr, f"  denied in run 2: read {grow / '2' / 'f'} (")
+    assert len(denied) == 1 and "python3" in denied[0] and "round 2" in denied[0]   # what, who, when
+    assert denied[0].endswith(f'allowed by `read_only_noexec: ["{grow / "2"}"]`'), result.stderr
+    assert lines(result.stderr, "  NOT validated: grants the last round added were never run")
+
+
+def test_one_round_validates_nothing(lab, truthful) -> None:
+    result = learn(lab, "--name", "t", "--rounds", "1", "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 4, result.stderr
+    sandbox = result.stdout.split("sandbox:")[1].split("\n# ")[0]
+    grants = [line for line in sandbox.splitlines() if line.startswith("    - ")]
+    assert grants and all("NOT VALIDATED" in line for line in grants), sandbox

@@ -4,7 +4,9 @@ Tools: `fail` answers isError with a message of two lines; `rpcfail` a
 JSON-RPC error; `connect` {"port": N} connects to 127.0.0.1:N, its error
 (a denial) as isError; `hang` {"port": N} connects (its denial held), then
 never answers; `temp` makes names as Python's tempfile does and writes one
-in /var/tmp (a random name, as its probe does).
+in /var/tmp (a random name, as its probe does); `grow` {"dir": D} reads
+D/1/f .. D/n/f in its n-th run (counted in its state directory, $HOME): each
+round needs one directory more.
 """
 import json
 import os
@@ -32,7 +34,22 @@ def temp() -> str:
     return "made"
 
 
+def grow(directory: str) -> str:
+    runs = os.path.join(os.environ["HOME"], "runs")
+    n = len(open(runs).read()) + 1 if os.path.exists(runs) else 1
+    with open(runs, "a") as f:
+        f.write("x")
+    for i in range(1, n + 1):
+        try:
+            open(os.path.join(directory, str(i), "f")).close()
+        except OSError:
+            pass
+    return f"run {n}"
+
+
 def call(name: str, args: dict) -> dict:
+    if name == "grow":
+        return {"content": [{"type": "text", "text": grow(args["dir"])}]}
     if name == "fail":
         return {"content": [{"type": "text", "text": "not a public address,\nstart with --allow-private-ips"}],
                 "isError": True}
@@ -59,7 +76,7 @@ for line in sys.stdin:
                            "serverInfo": {"name": "truthful", "version": "1"}}
     elif msg["method"] == "tools/list":
         reply["result"] = {"tools": [{"name": n, "inputSchema": {"type": "object"}}
-                                     for n in ("fail", "rpcfail", "connect", "hang", "temp")]}
+                                     for n in ("fail", "rpcfail", "connect", "hang", "temp", "grow")]}
     elif msg["params"]["name"] == "rpcfail":
         reply["error"] = {"code": -32000, "message": "the database is locked\u2028really"}
     else:
