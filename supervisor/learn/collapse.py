@@ -98,14 +98,22 @@ def describe(a: Access) -> str:
     return f"{what} ({a.evidence}{', denied' if a.denied else ''})"
 
 
+def reach(a: Access) -> str:
+    """What a port grant reaches, and who asked: Landlock's network rules name a port, never an address."""
+    verb = "connected to" if a.kind == CONNECT_TCP else "bound"
+    seen = f"{a.program or 'the server'} {verb} {a.address or 'an address'} port {a.port}"
+    every = "to every address" if a.kind == CONNECT_TCP else "on every address"
+    return f"port {a.port} {every} (a Landlock port rule names no address): {seen} ({a.evidence})"
+
+
 def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
-    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp={port: "its profile's network"
-                 for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
+    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp={port: f"port {port} to every address "
+                 "(a Landlock port rule names no address): its profile's network" for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
                  covered={})
     wants: dict[str, Grant] = {}
     for a in accesses:
         if a.kind in (CONNECT_TCP, BIND_TCP):
-            (p.connect_tcp if a.kind == CONNECT_TCP else p.bind_tcp).setdefault(a.port, describe(a))
+            (p.connect_tcp if a.kind == CONNECT_TCP else p.bind_tcp).setdefault(a.port, reach(a))
             continue
         _place(a, layout, p, wants)
     grants = _subsume(_upgrade(wants), layout, p.profiles)

@@ -102,6 +102,9 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
     grants = len(proposal.connect_tcp) + len(proposal.bind_tcp)
     out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; {grants} ports")
     out += [f"  broad: {g.cls} {clean(g.path)}: {g.flag}" for g in proposal.grants if g.flag]
+    out += [f"  network: {key} {port}: {clean(why)}" for key, ports in (("connect_tcp", proposal.connect_tcp),
+                                                                       ("bind_tcp", proposal.bind_tcp))
+            for port, why in sorted(ports.items())]
     out += _limited([f"  NOT VALIDATED: {clean(key)}: the last round added it, no run confirmed it"
                      for key in sorted(proposal.untested)])
     would = learner.would or proposal

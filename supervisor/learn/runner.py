@@ -179,9 +179,10 @@ def audit_denials(r: Run) -> list[Access]:
             continue
         evidence = f"denied to {process.get('comm') or 'the server'}, audit"
         if event.get("kind") == "tcp":
-            port = int(obj.rpartition(":")[2]) if obj.rpartition(":")[2].isdigit() else 0
+            address, _, port = obj.rpartition(":")
             kind = CONNECT_TCP if "net.connect_tcp" in rights else BIND_TCP
-            out.append(Access(kind, port=port, denied=True, evidence=evidence))
+            out.append(Access(kind, port=int(port) if port.isdigit() else 0, denied=True, evidence=evidence,
+                              program=str(process.get("comm") or ""), address=address.strip("[]")))
             continue
         if event.get("kind") != "path":
             continue

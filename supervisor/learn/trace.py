@@ -35,6 +35,8 @@ class Access:
     port: int = 0
     denied: bool = False
     evidence: str = ""      # "openat by node", "ELF interpreter of /usr/bin/node"
+    program: str = ""       # who: the task's program (comm, or the file it executed)
+    address: str = ""       # for a port: the address it connected to or bound
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ class Task:
             port = re.search(r"sin6?_port=htons\((\d+)\)", address)
             if port:
                 kind = CONNECT_TCP if call.name == "connect" else BIND_TCP
-                yield Access(kind, port=int(port.group(1)), denied=denied, evidence=evidence)
+                ip = re.search(r'inet_addr\("([^"]*)"\)|inet_pton\(AF_INET6, "([^"]*)"', address)
+                yield Access(kind, port=int(port.group(1)), denied=denied, evidence=evidence, program=self.program,
+                             address=(ip.group(1) or ip.group(2)) if ip else "")
 
 
 def read_task(lines: Iterable[str], cwd: str, label: str = "a task") -> list[Access]:

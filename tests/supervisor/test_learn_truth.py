@@ -90,7 +90,10 @@ def test_a_call_the_learning_policy_failed_is_retried_with_what_it_needs(lab, tr
     runs = lines(result.stderr, "  run ")
     assert "FAILED tools/call connect (tool error): \"connect failed: [Errno 13]" in runs[0]
     assert runs[-1].endswith("tools/call connect: ok, 0 denials")
-    assert f"      - {port} " in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith(f"      - {port} "))
+    assert f"# port {port} to every address (a Landlock port rule names no address): python3 connected to " \
+        f"127.0.0.1 port {port}" in line
+    assert lines(result.stderr, f"  network: connect_tcp {port}: port {port} to every address")
 
 
 def test_no_round_after_a_call_that_timed_out(lab, truthful, port) -> None:

@@ -174,3 +174,14 @@ def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
     assert writable(path) == ok
     if ok:
         assert parse("t", f"p: {q(path)}".encode()) == {"p": path}
+
+
+@pytest.mark.parametrize("access,comment", [
+    (Access("connect_tcp", port=443, evidence="connect by node", program="node", address="140.82.1.3"),
+     "port 443 to every address (a Landlock port rule names no address): node connected to 140.82.1.3 port 443"),
+    (Access("bind_tcp", port=8080, evidence="bind by python3", program="python3", address="0.0.0.0"),
+     "port 8080 on every address (a Landlock port rule names no address): python3 bound 0.0.0.0 port 8080"),
+])
+def test_a_port_grant_says_what_it_reaches_and_who_asked(access: Access, comment: str) -> None:
+    p = collapse([access], LAYOUT)
+    assert next(iter({**p.connect_tcp, **p.bind_tcp}.values())).startswith(comment)

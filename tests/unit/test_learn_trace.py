@@ -35,12 +35,13 @@ LINES = [
     ('symlink("tr", "ln")                     = 0', [Access("create", CWD, evidence="symlink by python3")]),
     ('ftruncate(5</tmp/lx2/tr>, 0)            = 0', [Access("write", "/tmp/lx2/tr", evidence="ftruncate by python3")]),
     ('connect(3<TCP:[3533493]>, {sa_family=AF_INET, sin_port=htons(9), sin_addr=inet_addr("127.0.0.1")}, 16) = '
-     '-1 ECONNREFUSED (Connection refused)', [Access("connect_tcp", port=9, evidence="connect by python3")]),
+     '-1 ECONNREFUSED (Connection refused)',
+     [Access("connect_tcp", port=9, evidence="connect by python3", program="python3", address="127.0.0.1")]),
     ('connect(3<TCPv6:[3580516]>, {sa_family=AF_INET6, sin6_port=htons(443), sin6_flowinfo=htonl(0), '
      'inet_pton(AF_INET6, "::1", &sin6_addr), sin6_scope_id=0}, 28) = -1 EACCES (Permission denied)',
-     [Access("connect_tcp", port=443, denied=True, evidence="connect by python3")]),
+     [Access("connect_tcp", port=443, denied=True, evidence="connect by python3", program="python3", address="::1")]),
     ('bind(4<TCP:[3580519]>, {sa_family=AF_INET, sin_port=htons(8080), sin_addr=inet_addr("127.0.0.1")}, 16) = 0',
-     [Access("bind_tcp", port=8080, evidence="bind by python3")]),
+     [Access("bind_tcp", port=8080, evidence="bind by python3", program="python3", address="127.0.0.1")]),
     ('connect(5<UDP:[1]>, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("1.1.1.1")}, 16) = 0', []),
     ('connect(4<UNIX-STREAM:[3533496]>, {sa_family=AF_UNIX, sun_path="/run/x.sock"}, 110) = 0',
      [Access("connect_unix", "/run/x.sock", evidence="connect by python3")]),
@@ -99,3 +100,4 @@ def test_the_supervisors_denied_events_are_denials_too() -> None:
     got = [(a.kind, a.path, a.port, a.denied) for a in runner.audit_denials(run)]
     assert got == [(EXEC, "/usr/bin/env", 0, True), (READ, "/usr/bin/env", 0, True), (LIST, "/etc", 0, True),
                    (CREATE, "/var/tmp", 0, True), (CONNECT_TCP, "", 443, True), (BIND_TCP, "", 8080, True)]
+    assert [a.address for a in runner.audit_denials(run) if a.port] == ["127.0.0.1", "0.0.0.0"]
