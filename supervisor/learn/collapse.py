@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..secrets import within
+from . import temporary as temporaries
 from .exclude import Excluded, refusal
 from .names import writable as nameable
-from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE_KINDS, Access
+from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
 STATE_DIR = "${STATE_DIR}"
@@ -83,6 +84,7 @@ class Proposal:
     writes: dict[str, str]            # a write attempted outside what learning allowed -> evidence
     optional: dict[str, str]          # a read its profile says it does without (left out) -> evidence
     covered: dict[str, int]           # profile -> accesses it covers
+    temporary: dict[str, str] = field(default_factory=dict)   # a temporary name (temporary.py) -> evidence
     untested: set[str] = field(default_factory=set)   # keys() no run has confirmed (the last round added them)
 
     def keys(self) -> set[str]:
@@ -111,11 +113,13 @@ def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
                  "(a Landlock port rule names no address): its profile's network" for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
                  covered={})
     wants: dict[str, Grant] = {}
+    accesses = list(accesses)
+    own = temporaries.made(a for a in accesses if not any(within(a.path, w) for w in layout.writable))
     for a in accesses:
         if a.kind in (CONNECT_TCP, BIND_TCP):
             (p.connect_tcp if a.kind == CONNECT_TCP else p.bind_tcp).setdefault(a.port, reach(a))
             continue
-        _place(a, layout, p, wants)
+        _place(a, layout, p, wants, own)
     grants = _subsume(_upgrade(wants), layout, p.profiles)
     for g in grants:
         g.flag = _flag(g.path)
@@ -123,7 +127,7 @@ def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
     return p
 
 
-def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> None:
+def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant], own: set[str]) -> None:
     """One path access: dropped (learn's own, covered), refused, proposed, or wanted."""
     path = a.path
     if a.kind != CONNECT_UNIX:
@@ -145,15 +149,17 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         return
     if within(path, layout.area) or within(path, layout.scratch):
         return   # the caches its profile keeps beside the state directory, or learn's own files
+    temporary = temporaries.temporary(a, own)
+    if temporary is not None:
+        p.temporary.setdefault(temporary, describe(a))
+        return
     if a.kind in WRITE_KINDS:
-        root = "/tmp" if within(path, "/tmp") else None
-        if root is not None and _unsafe(root, layout):
-            root = path if not _unsafe(path, layout) else None   # /tmp holds a home: only where it wrote
-        if root is None:
-            p.writes.setdefault(path, describe(a))
+        # A directory of its own in /tmp (where learning let it write), never /tmp.
+        mine = temporaries.entry(path) if within(path, "/tmp") else None
+        if mine is not None and not (a.kind == WRITE and mine == path) and not _unsafe(mine, layout):
+            _want(p, wants, mine, {R, W}, "a directory of its own in /tmp, where learning let it write", a)
         else:
-            _want(p, wants, root, {R, W}, "/tmp, where learning let it write" if root == "/tmp" else
-                  "where it wrote, in /tmp", a)
+            p.writes.setdefault(path, describe(a))
         return
     if a.kind == CONNECT_UNIX:
         if nameable(path):

@@ -34,7 +34,7 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
                        help="a path the server may write while learning, granted if it does (repeatable)")
     learn.add_argument("--cwd", metavar="DIR", help="the server's working directory (default: its state directory)")
     learn.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                       help="a variable the manifest sets (default HOME=${STATE_DIR})")
+                       help="a variable the manifest sets (default HOME=${STATE_DIR} and TMPDIR=${STATE_DIR})")
     learn.add_argument("--inherit-env", action="append", default=[], metavar="NAME",
                        help="a variable the manifest takes from the supervisor's environment (PATH always)")
     learn.add_argument("--state-root", metavar="DIR",

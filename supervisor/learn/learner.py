@@ -98,7 +98,7 @@ class Learner:
         self.command = os.path.abspath(found)
         self.name = opts.name or name_for(opts.command)
         self.profiles = profiles_for(self.command)
-        env = {"HOME": "${STATE_DIR}", **opts.env}
+        env = {"HOME": "${STATE_DIR}", "TMPDIR": "${STATE_DIR}", **opts.env}   # no temporary name in /tmp
         inherit = tuple(dict.fromkeys(["PATH", *opts.inherit_env]))
         self.draft = render.Draft(self.name, self.command, tuple(map(absolute_arg, opts.command[1:])), opts.cwd,
                                   env, inherit,

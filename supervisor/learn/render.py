@@ -16,6 +16,8 @@ from .names import clean, q
 
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec")
 _WIDTH = 48   # the column comments start at
+_ENV_NOTES = {"HOME": "programs that look for a home find their state directory",
+              "TMPDIR": "its temporary files in its own directory, never the shared /tmp"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = N
     if draft.cwd:
         out.append(f"cwd: {q(draft.cwd)}")
     out.append("env:" if draft.env else "env: {}")
-    out += [_line(f"  {k}: {q(v)}", "programs that look for a home find their state directory"
-                  if k == "HOME" and v == "${STATE_DIR}" else "") for k, v in sorted(draft.env.items())]
+    out += [_line(f"  {k}: {q(v)}", _ENV_NOTES.get(k, "") if v == "${STATE_DIR}" else "")
+            for k, v in sorted(draft.env.items())]
     out.append(f"inherit_env: [{', '.join(q(n) for n in draft.inherit_env)}]")
     out.append(_line("state_dir: true", "its own writable directory, and its caches beside it"))
     if draft.dynamic:
@@ -100,6 +102,10 @@ def not_granted(p: Proposal) -> list[str]:
         out.append("# Writes it attempted outside what learning let it write (not granted;")
         out.append("# learn again with --write PATH to allow one):")
         out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.writes.items())]
+    if p.temporary:
+        out.append("# Temporary names (not granted, never a --write: the manifest's TMPDIR, its state")
+        out.append("# directory, takes their place):")
+        out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.temporary.items())]
     if p.optional:
         out.append("# Left out: reads its profiles' programs do without (denied, they are harmless, and")
         out.append("# counted as suppressed where denials are seen):")

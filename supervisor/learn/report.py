@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from ..secrets import within
 from .collapse import RIGHTS, Proposal, describe
+from . import temporary
 from .names import clean, q
 from .runner import Run
-from .session import CLOSED, RPC_ERROR, TIMEOUT, TOOL_ERROR, Outcome
+from .session import RPC_ERROR, TIMEOUT, TOOL_ERROR, Outcome
 from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, EXEC, WRITE_KINDS, Access
 
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ class Round:
 
 
 def timed_out(run: Run) -> Outcome | None:
-    """The request that got no reply in time (or none at all: the server closed its stdout)."""
-    return next((o for o in run.outcomes if o.failure in (TIMEOUT, CLOSED)), None)
+    """The request that got no reply in time (a server that closed its stdout, denied its script say, is
+    retried as any run with denials)."""
+    return next((o for o in run.outcomes if o.failure == TIMEOUT), None)
 
 
 def failures(run: Run, allow_tool_errors: bool = False) -> list[Outcome]:
@@ -65,6 +67,9 @@ def allowing(a: Access, p: Proposal) -> str:
     key = f"{a.kind} {a.path}"
     if key in p.refused:
         return f"never proposed ({clean(p.refused[key])})"
+    where = next((t for t in p.temporary if within(a.path, t)), None)
+    if where is not None:
+        return f"never proposed ({temporary.WHY})"
     if a.path in p.writes:
         return f"learn again with --write {shlex.quote(clean(a.path))} to allow it"
     if a.kind == CONNECT_UNIX:
@@ -115,6 +120,8 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
     items = [f"  not granted (learn again with --write {shlex.quote(clean(path))} to allow it): {clean(why)}"
              for path, why in sorted(proposal.writes.items())]
     items += [f"  refused: {clean(what)}: {clean(why)}" for what, why in sorted(proposal.refused.items())]
+    items += [f"  temporary, not granted ({temporary.WHY}): {clean(path)}: {clean(why)}"
+              for path, why in sorted(proposal.temporary.items())]
     out += _limited(items)
     last = learner.rounds[-1].run
     stopped = timed_out(last)

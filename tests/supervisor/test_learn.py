@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import stat
+import string
 import subprocess
 import sys
 import tempfile
@@ -110,7 +112,10 @@ def test_learns_a_manifest_that_serves_the_session(lab, tiny, kept) -> None:
 
 def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny) -> None:
     server, _ = tiny
-    target = Path(tempfile.mkdtemp(dir="/var/tmp"))   # not under /tmp, which learning lets it write
+    # Not under /tmp, which learning lets it write; a name of letters only: a
+    # made-up one (mkdtemp's) is a temporary name, never proposed.
+    target = Path("/var/tmp") / ("llsv-out-" + "".join(random.choices(string.ascii_lowercase, k=12)))
+    target.mkdir(mode=0o777)
     os.chmod(target, 0o777)
     try:
         result = learn(lab, "--name", "tiny2", *save(target / "x.txt"), "--", "/usr/bin/python3", str(server))

@@ -136,3 +136,15 @@ def test_one_round_validates_nothing(lab, truthful) -> None:
     sandbox = result.stdout.split("sandbox:")[1].split("\n# ")[0]
     grants = [line for line in sandbox.splitlines() if line.startswith("    - ")]
     assert grants and all("NOT VALIDATED" in line for line in grants), sandbox
+
+
+def test_temporary_names_go_to_the_state_directory_never_to_tmp(lab, truthful) -> None:
+    result = learn(lab, "--name", "t", *call("temp"), "--", "/usr/bin/python3", str(truthful))
+    assert result.returncode == 0, result.stderr
+    assert '  TMPDIR: "${STATE_DIR}" ' in result.stdout
+    sandbox = result.stdout.split("sandbox:")[1].split("\n# ")[0]
+    assert '"/tmp"' not in sandbox and '"/var/tmp' not in sandbox, sandbox
+    assert '"/tmp/' not in sandbox.replace(f'"{lab.dir}/srv"', ""), sandbox   # the script's own directory only
+    assert "--write /var/tmp" not in result.stderr and "--write /tmp" not in result.stderr
+    assert lines(result.stderr, "  temporary, not granted (a temporary name: the manifest's TMPDIR")
+    assert "# Temporary names (not granted, never a --write" in result.stdout

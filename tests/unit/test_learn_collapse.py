@@ -61,7 +61,15 @@ TABLE = [
      {("read_write_noexec", "/data/out")}, set()),
     ("a --write path only read is still granted as given", [Access("read", "/data/out/x")],
      {("read_write_noexec", "/data/out")}, set()),
-    ("/tmp writes", [Access("create", "/tmp")], {("read_write_noexec", "/tmp")}, set()),
+    ("a file made in /tmp itself: never /tmp", [Access("create", "/tmp")], set(), set()),
+    ("a directory of its own in /tmp", [Access("create", "/tmp/app"), Access("write", "/tmp/app/x")],
+     {("read_write_noexec", "/tmp/app")}, set()),
+    ("a temporary name, written then read", [Access("write", "/var/tmp/ll8wq3na"),
+                                              Access("read", "/var/tmp/ll8wq3na")], set(), set()),
+    ("a temporary directory's files", [Access("create", "/tmp/tmpk2_x9abc"), Access("read", "/tmp/tmpk2_x9abc/f")],
+     set(), set()),
+    ("a made-up name only read is a directory like any", [Access("read", "/tmp/llsv-k2x9abcd/srv/x.py")],
+     {("read_only_noexec", "/tmp/llsv-k2x9abcd/srv")}, set()),
     ("learn's own files", [Access("read", "/var/tmp/learn/trace-1/t.1")], set(), set()),
     ("a name a manifest writes exactly", [Access("exec", "/opt/x\n    - \"/home\"\n#\u2028\x1b")],
      {("read_only", "/opt/x\n    - \"/home\"\n#\u2028\x1b")}, set()),
@@ -185,3 +193,23 @@ def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
 def test_a_port_grant_says_what_it_reaches_and_who_asked(access: Access, comment: str) -> None:
     p = collapse([access], LAYOUT)
     assert next(iter({**p.connect_tcp, **p.bind_tcp}.values())).startswith(comment)
+
+
+@pytest.mark.parametrize("name,made", [
+    ("ll8wq3na", True), ("p_368h8l", True),             # Python's temp-directory probe
+    ("tmpk2_x9abc", True), ("tmp0s1chent", True),       # mkstemp, mkdtemp
+    ("learn-2a_kx9pz", True), ("npm-aB3dE9", True),     # mkdtemp with a prefix: Python's, node's
+    ("server.12345.sock", True), ("x-368", True),       # pids
+    ("3f9a0c1be2d4", True),                             # a hex token
+    ("myapp", False), ("database", False), ("node-v20", False), ("python3.11", False), ("sessions", False),
+    ("out-abcdefgh", False),
+])
+def test_a_made_up_name(name: str, made: bool) -> None:
+    from supervisor.learn.temporary import made_up
+    assert made_up(name) is made
+
+
+def test_a_temporary_name_is_listed_never_granted_nor_proposed() -> None:
+    p = collapse([Access("create", "/var/tmp", denied=True), Access("write", "/var/tmp/ll8wq3na", denied=True),
+                  Access("read", "/var/tmp/ll8wq3na", denied=True), Access("create", "/tmp")], LAYOUT)
+    assert not p.grants and not p.writes and set(p.temporary) == {"/var/tmp", "/var/tmp/ll8wq3na", "/tmp"}
