@@ -30,6 +30,10 @@ RIGHTS = {cls: rights for rights, cls in CLASSES.items()}
 OPTIONAL_PROFILES = ("dns-tls", "node", "python")
 _SYSTEM_TREES = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/lib", "/lib32", "/lib64")
 _PACKAGE_PARENTS = ("/usr/share", "/opt", "/usr/local/share", "/usr/local/lib")
+SYSTEM_DIRECTORIES = frozenset({
+    "/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/share",
+    "/usr/include", "/usr/local", "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share",
+    "/var/lib", "/var/cache", "/var/log", "/var/spool", "/var/mail", "/var/run", "/run/user", "/dev/shm"})
 _HOME_TOOL_PARENTS = (".cache", ".config", ".local/share", ".local/lib", ".local/state")
 _EVIDENCE = 2        # examples kept per grant
 UNNAMEABLE = "no manifest can name it exactly (its name is no UTF-8)"
@@ -122,7 +126,7 @@ def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
         _place(a, layout, p, wants, own)
     grants = _subsume(_upgrade(wants), layout, p.profiles)
     for g in grants:
-        g.flag = _flag(g.path)
+        g.flag = broad(g.path)
     p.grants = sorted(grants, key=lambda g: (g.cls, g.path))
     return p
 
@@ -256,6 +260,8 @@ def tree(path: str, kind: str, layout: Layout) -> tuple[str, str]:
         return path, "a file of the home directory"
     if kind == LIST:
         return path, "a directory it lists"
+    if broad(os.path.dirname(path)):
+        return path, "a file of a system directory: the file itself"
     return os.path.dirname(path) or "/", "the directory of a file it read"
 
 
@@ -301,14 +307,17 @@ def _subsume(grants: list[Grant], layout: Layout, profiles: list[str]) -> list[G
     return kept
 
 
-def _flag(path: str) -> str:
-    """A comment for the grants a reviewer should weigh."""
-    if path == "/proc":
+def broad(path: str) -> str:
+    """The one rule for BROAD, applied to every grant: a system directory
+    (top-level, or one the system's files share: every file in it, not
+    only those the server used), /proc and /sys (other processes, the
+    kernel), a temporary directory whole (every user's). "" otherwise."""
+    if within(path, "/proc"):
         return "BROAD: every process's /proc files, within what the uid and ptrace rules allow"
-    if path == "/tmp":
-        return "BROAD: shared with every user of the machine"
-    if path == "/etc" or path.startswith("/sys"):
-        return f"BROAD: all of {path}"
-    if path.count("/") == 1 and path != STATE_DIR:
-        return "BROAD: a top-level directory"
+    if within(path, "/sys"):
+        return f"BROAD: {path}, the kernel's state"
+    if path in temporaries.ROOTS:
+        return f"BROAD: {path}, shared with every user of the machine"
+    if path in SYSTEM_DIRECTORIES or path.count("/") == 1 and path != STATE_DIR:
+        return f"BROAD: {path}, a system directory: every file in it, not only those it used"
     return ""

@@ -213,3 +213,31 @@ def test_a_temporary_name_is_listed_never_granted_nor_proposed() -> None:
     p = collapse([Access("create", "/var/tmp", denied=True), Access("write", "/var/tmp/ll8wq3na", denied=True),
                   Access("read", "/var/tmp/ll8wq3na", denied=True), Access("create", "/tmp")], LAYOUT)
     assert not p.grants and not p.writes and set(p.temporary) == {"/var/tmp", "/var/tmp/ll8wq3na", "/tmp"}
+
+
+@pytest.mark.parametrize("path,word", [
+    ("/", "a system directory"), ("/usr/bin", "a system directory"), ("/etc", "a system directory"),
+    ("/opt", "a system directory"), ("/usr/share", "a system directory"), ("/var/lib", "a system directory"),
+    ("/proc", "every process's /proc files"), ("/proc/sys/kernel", "every process's /proc files"),
+    ("/sys/fs/cgroup/x", "the kernel's state"), ("/tmp", "shared with every user"),
+    ("/var/tmp", "shared with every user"), ("/dev/shm", "shared with every user"),
+    ("/usr/bin/ldd", ""), ("/etc/hosts", ""), ("/usr/share/zoneinfo", ""), ("/opt/venv", ""), ("/tmp/app", ""),
+    ("/app/node_modules", ""), ("${STATE_DIR}", ""), (f"{HOME}/.cache/tool", ""),
+])
+def test_broad_is_one_rule(path: str, word: str) -> None:
+    from supervisor.learn.collapse import broad
+    flag = broad(path)
+    assert (word in flag and flag.startswith("BROAD: ")) if word else flag == ""
+
+
+@pytest.mark.parametrize("access,granted", [
+    (Access("read", "/usr/bin/ldd"), ("read_only_noexec", "/usr/bin/ldd")),     # node read it once
+    (Access("read", "/usr/share/dict-words"), ("read_only_noexec", "/usr/share/dict-words")),
+    (Access("read", "/var/lib/thing.db"), ("read_only_noexec", "/var/lib/thing.db")),
+    (Access("read", "/mnt/data/a.csv"), ("read_only_noexec", "/mnt/data")),
+    (Access("list", "/usr/bin"), ("read_only_noexec", "/usr/bin")),               # listed whole: flagged
+])
+def test_a_system_directory_is_never_granted_for_one_file_it_read(access: Access, granted: tuple[str, str]) -> None:
+    p = collapse([access], LAYOUT)
+    assert grants(p) == {granted}
+    assert all(bool(g.flag) == (g.path in ("/usr/bin",)) for g in p.grants)
