@@ -19,7 +19,7 @@ from ..secrets import within
 from . import temporary as temporaries
 from .exclude import Excluded, refusal
 from .names import writable as nameable
-from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE, WRITE_KINDS, Access
+from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, REMOVE, WRITE, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
 STATE_DIR = "${STATE_DIR}"
@@ -99,9 +99,16 @@ class Proposal:
                 | {f"connect_unix {path}" for path in self.connect_unix})
 
 
+_VERBS = {READ: "read", LIST: "listed", EXEC: "ran", WRITE: "wrote", CREATE: "made an entry in",
+          REMOVE: "removed an entry from", CONNECT_UNIX: "connected to", CONNECT_TCP: "connected to port",
+          BIND_TCP: "bound port"}
+
+
 def describe(a: Access) -> str:
-    what = f"{a.kind} {a.path}" if a.path else f"{a.kind} {a.port}"
-    return f"{what} ({a.evidence}{', denied' if a.denied else ''})"
+    """An access as a sentence: `node read /etc/hosts (openat, round 2, denied)`."""
+    how = ", ".join(filter(None, (a.evidence, "denied" if a.denied else "")))
+    return (f"{a.program or 'the server'} {_VERBS.get(a.kind, a.kind)} {a.path or a.port}"
+            + (f" ({how})" if how else ""))
 
 
 def reach(a: Access) -> str:
@@ -185,7 +192,7 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant], own:
     target, reason = tree(path, a.kind, layout)
     unsafe = _unsafe(target, layout)
     if unsafe and target != path:
-        target, reason, unsafe = path, f"the exact path ({reason} would be {unsafe})", _unsafe(path, layout)
+        target, reason, unsafe = path, f"the path itself: {target}, {reason}, would be {unsafe}", _unsafe(path, layout)
     if unsafe:
         p.refused.setdefault(f"{a.kind} {path}", unsafe)
         return
@@ -268,15 +275,15 @@ def tree(path: str, kind: str, layout: Layout) -> tuple[str, str]:
 def _unsafe(path: str, layout: Layout) -> str | None:
     """Why `path` must not be granted, however it was reached."""
     if path == "/":
-        return "never /"
+        return "the whole file system"
     if path in layout.homes or path == layout.home:
         return "a whole home directory"
     inside = next((e for e in layout.excluded if within(e.path, path)), None)
     if inside:
-        return f"it holds {inside.path} ({inside.why})"
+        return f"a directory holding {inside.path}, {inside.why}"
     home = next((h for h in (*layout.homes, layout.home or "/") if h != "/" and within(h, path)), None)
     if home:
-        return f"it holds the home directory {home}"
+        return f"a directory holding the home directory {home}"
     return refusal(path, layout.excluded)
 
 
@@ -290,7 +297,7 @@ def _upgrade(wants: dict[str, Grant]) -> list[Grant]:
             owner = next((t for t in writable if t is not g and within(g.path, t.path)), None)
             if owner:
                 owner.rights.add(X)
-                owner.reason += "; it executes files in it"
+                owner.reason += ", and it runs files in it"
     return list(wants.values())
 
 

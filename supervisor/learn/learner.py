@@ -248,7 +248,7 @@ class Learner:
             out.append(a)
             if a.kind == EXEC and a.path not in chained:
                 chained.add(a.path)
-                out += [Access(EXEC, real(p), denied=a.denied, evidence=why) for p, why in
+                out += [Access(EXEC, real(p), denied=a.denied, evidence=why, program=a.program) for p, why in
                         execs.chain(a.path, env)]
         return out
 
@@ -297,7 +297,7 @@ class Learner:
     def text(self, proposal: Proposal, layout: Layout, validated: bool) -> str:
         runs = len(self.rounds)
         header = [f"{self.name}: learned by `landlock-supervisor learn` ({runs} run{'s' * (runs != 1)}; "
-                  + ("the last had no denial)." if validated else "NOT validated: see the summary on stderr)."),
+                  f"{report.verdict(self, validated)}).",
                   f"Command: {' '.join(self.opts.command)}",
                   f"Session: {self.opts.session_text}.",
                   "A trace sees only the paths this session took: review each grant, and learn again",

@@ -90,6 +90,15 @@ def remaining(learner: Learner) -> list[tuple[int, Access]]:
     return [(len(learner.rounds), a) for a in once.values()]
 
 
+def verdict(learner: Learner, validated: bool) -> str:
+    """The manifest's first line's account of the last run."""
+    if not validated:
+        return "NOT validated: see the summary on stderr"
+    met = len(remaining(learner))
+    return (f"the last needed no new grant; the {met} denial{'s' * (met != 1)} it met, nothing here allows"
+            if met else "the last had no denial")
+
+
 def failed_calls_header(learner: Learner) -> list[str]:
     """For the manifest's header: the calls of the last run that failed (with --allow-tool-errors, allowed)."""
     run = learner.rounds[-1].run
@@ -105,7 +114,8 @@ def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: floa
         tail = f", {len(r.denials)} denial{'s' * (len(r.denials) != 1)}" if number > 1 else ""
         out.append(f"  run {number} ({r.what}, {r.run.seconds:.1f}s): {outcomes_text(r.run.outcomes)}{tail}")
     grants = len(proposal.connect_tcp) + len(proposal.bind_tcp)
-    out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; {grants} ports")
+    out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; "
+               f"{grants} port{'s' * (grants != 1)}")
     out += [f"  broad: {g.cls} {clean(g.path)}: {g.flag}" for g in proposal.grants if g.flag]
     out += [f"  network: {key} {port}: {clean(why)}" for key, ports in (("connect_tcp", proposal.connect_tcp),
                                                                        ("bind_tcp", proposal.bind_tcp))

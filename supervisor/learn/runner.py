@@ -21,7 +21,7 @@ from typing import Any
 from ..client import SupervisorError
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
-from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_task
+from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_tasks
 
 MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
 _STDERR_TAIL = 2000
@@ -148,9 +148,8 @@ def accesses(r: Run) -> list[Access]:
     """Everything the traced run did that Landlock checks, less the denials
     the file modes alone explain (Landlock comes after DAC, and a trace
     cannot tell the two apart: a PATH search through /root, say)."""
-    return [a for name, lines in trace_files(r.trace_dir)
-            for a in read_task(lines, r.cwd, "task " + name.rpartition(".")[2])
-            if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
+    files = ((name.rpartition(".")[2], lines) for name, lines in trace_files(r.trace_dir))
+    return [a for a in read_tasks(files, r.cwd) if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
 
 
 def strace_denials(r: Run) -> list[Access]:
@@ -177,17 +176,17 @@ def audit_denials(r: Run) -> list[Access]:
         process = event.get("process") or {}
         if process.get("pid") == r.tracer and process.get("exe") == STRACE:
             continue
-        evidence = f"denied to {process.get('comm') or 'the server'}, audit"
+        evidence, program = "an audit record", str(process.get("comm") or "")
         if event.get("kind") == "tcp":
             address, _, port = obj.rpartition(":")
             kind = CONNECT_TCP if "net.connect_tcp" in rights else BIND_TCP
             out.append(Access(kind, port=int(port) if port.isdigit() else 0, denied=True, evidence=evidence,
-                              program=str(process.get("comm") or ""), address=address.strip("[]")))
+                              program=program, address=address.strip("[]")))
             continue
         if event.get("kind") != "path":
             continue
         kinds = {_KIND_OF_RIGHT.get(right, CREATE if right.startswith("fs.make_") else "") for right in rights}
-        out += [Access(kind, obj, denied=True, evidence=evidence) for kind in sorted(kinds - {""})]
+        out += [Access(kind, obj, denied=True, evidence=evidence, program=program) for kind in sorted(kinds - {""})]
     return out
 
 

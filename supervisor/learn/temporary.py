@@ -17,7 +17,7 @@ from ..secrets import within
 from .trace import WRITE_KINDS, Access
 
 ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
-WHY = "a temporary name: the manifest's TMPDIR, its state directory, takes its place"
+WHY = "a temporary file: the manifest's TMPDIR, its state directory, takes its place"
 _MADE_UP = [
     re.compile(r"^tmp[a-z0-9_]{8}(\..*)?$"),               # tempfile.mkstemp, mkdtemp, NamedTemporaryFile
     re.compile(r"(^|[-_.])(?=[a-z_]*[0-9_])[a-z0-9_]{8}$"),   # tempfile's probe; mkdtemp(prefix="x-")

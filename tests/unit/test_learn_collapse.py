@@ -241,3 +241,48 @@ def test_a_system_directory_is_never_granted_for_one_file_it_read(access: Access
     p = collapse([access], LAYOUT)
     assert grants(p) == {granted}
     assert all(bool(g.flag) == (g.path in ("/usr/bin",)) for g in p.grants)
+
+
+# The texts a person reads in the manifest's comments and the summary:
+# sentences naming programs, never task ids.
+@pytest.mark.parametrize("access,text", [
+    (Access("read", "/etc/hosts", evidence="openat", program="node"), "node read /etc/hosts (openat)"),
+    (Access("exec", "/usr/bin/git", denied=True, evidence="execve, round 2", program="node"),
+     "node ran /usr/bin/git (execve, round 2, denied)"),
+    (Access("exec", "/usr/lib64/ld-linux-x86-64.so.2", evidence="the ELF interpreter of /usr/bin/node",
+            program="npm"), "npm ran /usr/lib64/ld-linux-x86-64.so.2 (the ELF interpreter of /usr/bin/node)"),
+    (Access("create", "/var/tmp", denied=True, evidence="an audit record", program="python3"),
+     "python3 made an entry in /var/tmp (an audit record, denied)"),
+    (Access("connect_tcp", port=443, evidence="connect", program="npm"), "npm connected to port 443 (connect)"),
+    (Access("read", "/x"), "the server read /x"),
+])
+def test_an_access_reads_as_a_sentence(access: Access, text: str) -> None:
+    from supervisor.learn.collapse import describe
+    assert describe(access) == text
+
+
+MINE = "/work/people/me"   # the invoking user's home: HOME, which passwd does not list
+OWN = Layout(cwd="/srv/state", state_dir="/srv/state", area="/srv", scratch="/var/tmp/learn", homes=(MINE,),
+             excluded=(Excluded(MINE, "the home of the user running learn"),))
+
+
+@pytest.mark.parametrize("access,comment", [
+    (Access("read", "/work/people/notes.txt", evidence="openat", program="python3"),
+     "the path itself: /work/people, the directory of a file it read, would be a directory holding "
+     "/work/people/me, the home of the user running learn: python3 read /work/people/notes.txt (openat)"),
+    (Access("read", "/usr/bin/ldd", evidence="openat", program="node"),
+     "a file of a system directory: the file itself: node read /usr/bin/ldd (openat)"),
+    (Access("read", "/proc/12/status", evidence="openat", program="node"),
+     "/proc/<pid> binds one process: all of /proc; BROAD: every process's /proc files"),
+])
+def test_a_grants_comment_is_a_sentence(access: Access, comment: str) -> None:
+    from supervisor.learn import render
+    text = "\n".join(render.sandbox(collapse([access], OWN)))
+    assert f"# {comment}" in text and "task" not in text and "another user" not in text
+
+
+def test_the_invoking_users_home_is_theirs(tmp_path, monkeypatch) -> None:
+    from supervisor.learn.exclude import excluded
+    monkeypatch.setenv("HOME", str(tmp_path))
+    whys = {e.path: e.why for e in excluded(None, [], [])}
+    assert whys[str(tmp_path)] == "the home of the user running learn"
