@@ -5,8 +5,10 @@ and execute everything but the excluded paths; write its scratch state
 directory, /tmp and the --write paths; network as its profile), as the uid
 the supervisor will give it. The accesses, with the files the kernel
 executes inside execve, collapse into a proposal. Each later round runs the
-proposal itself, traced, and adds what was denied, until a run has no
-denial. The scratch directory is removed at the end.
+proposal itself, traced, and adds what was denied, until a run adds
+nothing; none follows a run whose call got no reply in time (its denials
+are held: listed, not granted). What the last round added is marked as no
+run's (report.py). The scratch directory is removed at the end.
 """
 from __future__ import annotations
 
