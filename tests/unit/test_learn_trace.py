@@ -119,3 +119,16 @@ def test_the_supervisors_denied_events_are_denials_too() -> None:
     assert got == [(EXEC, "/usr/bin/env", 0, True), (READ, "/usr/bin/env", 0, True), (LIST, "/etc", 0, True),
                    (CREATE, "/var/tmp", 0, True), (CONNECT_TCP, "", 443, True), (BIND_TCP, "", 8080, True)]
     assert [a.address for a in runner.audit_denials(run) if a.port] == ["127.0.0.1", "0.0.0.0"]
+
+
+def test_the_tracers_own_denials_are_not_the_servers() -> None:
+    """strace reads /proc/sys/kernel/pid_max and its tracees' /proc files: with host audit on, those
+    records once granted all of /proc."""
+    from supervisor.learn import runner
+    strace = {"pid": 7, "comm": "strace", "exe": "/usr/bin/strace"}
+    events = [{"rights": ["fs.read_file"], "kind": "path", "object": "/proc/sys/kernel/pid_max", "process": strace},
+              {"rights": ["fs.read_file"], "kind": "path", "object": "/proc/8/status", "process": strace},
+              {"rights": ["fs.read_file"], "kind": "path", "object": "/etc/x",
+               "process": {"pid": 8, "comm": "strace", "exe": "/usr/bin/strace"}}]   # a server that runs strace
+    run = runner.Run([], 0, "", "/nonexistent", "/", 0.0, 0, (), events, tracer=7)
+    assert [(a.path, a.program) for a in runner.audit_denials(run)] == [("/etc/x", "strace")]
