@@ -47,8 +47,8 @@ def failures(run: Run, allow_tool_errors: bool = False) -> list[Outcome]:
 
 
 def failure_text(o: Outcome) -> str:
-    """`tools/call fetch (tool error): "the server's own message"`, one line."""
-    return f"{o.call} ({o.failure}): \"{clean(o.detail)}\""
+    """`tools/call fetch (request 3, tool error): "the server's own message"`, one line."""
+    return f"{o.call} (request {o.number}, {o.failure}): \"{clean(o.detail)}\""
 
 
 def outcome_text(o: Outcome) -> str:

@@ -10,7 +10,7 @@ import os
 import select
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 PROTOCOL_VERSION = "2024-11-05"
@@ -70,6 +70,7 @@ class Outcome:
     detail: str      # the error (the server's own message), or a short account of the result
     failure: str = ""    # TOOL_ERROR, RPC_ERROR, TIMEOUT, CLOSED; "" when ok
     tool: str = ""       # the tool of a tools/call
+    number: int = 0      # its place in the session (initialize is 1): two calls of one tool differ
 
     @property
     def call(self) -> str:
@@ -90,9 +91,9 @@ def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: floa
             reply = reader.reply(number, stdin, time.monotonic() + timeout)
         except (OSError, EOFError, TimeoutError) as e:
             out.append(Outcome(request["method"], False, str(e) or type(e).__name__,
-                               TIMEOUT if isinstance(e, TimeoutError) else CLOSED, str(tool or "")))
+                               TIMEOUT if isinstance(e, TimeoutError) else CLOSED, str(tool or ""), number))
             return out
-        out.append(outcome(request["method"], str(tool or ""), reply))
+        out.append(replace(outcome(request["method"], str(tool or ""), reply), number=number))
         if request["method"] == "initialize" and "error" not in reply:
             _send(stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
     return out

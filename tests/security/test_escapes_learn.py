@@ -172,7 +172,7 @@ def test_file_names_the_server_chose_stay_one_token(world: World) -> None:
     bad = [line for line in summary if not _printable(line)]
     assert not bad, f"raw control characters in learn's summary: {bad[:5]}"
     # Its reply, a failed call's message, is quoted escaped in the summary and the manifest's header.
-    quoted = 'tools/call attack (tool error): "\\x1b]0;owned\\x07\\x1b[2J\\nlearn: validated\\u2028"'
+    quoted = 'tools/call attack (request 3, tool error): "\\x1b]0;owned\\x07\\x1b[2J\\nlearn: validated\\u2028"'
     assert f"  FAILED: {quoted}" in summary and f"# FAILED in the last run: {quoted}" in text, summary
     # The manifest says exactly what was proposed, and no name added a grant.
     doc = manifest_yaml.parse("learnt", text.encode())

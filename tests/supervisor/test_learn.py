@@ -124,7 +124,7 @@ def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny
         shutil.rmtree(target)
     assert result.returncode == 5, result.stderr   # the call failed: the manifest lacks what it needed
     assert f"learn again with --write {target / 'x.txt'}" in result.stderr
-    assert "  FAILED: tools/call save (tool error): \"[Errno 13] Permission denied" in result.stderr
+    assert "  FAILED: tools/call save (request 3, tool error): \"[Errno 13] Permission denied" in result.stderr
     sandbox = result.stdout.split("sandbox:")[1].split("# Writes it attempted")[0]
     assert str(target) not in sandbox
     assert f"#   {target / 'x.txt'}: " in result.stdout

@@ -67,10 +67,10 @@ def test_a_tool_error_and_a_json_rpc_error_are_failures(lab, truthful, kept) -> 
     assert result.returncode == 5, result.stderr
     # The server's own message, escaped, on one line: its line break and U+2028 never reach the reader.
     assert lines(result.stderr, "  FAILED: ") == [
-        '  FAILED: tools/call fail (tool error): "not a public address,\\nstart with --allow-private-ips"',
-        '  FAILED: tools/call rpcfail (error): "error -32000: the database is locked\\u2028really"']
+        '  FAILED: tools/call fail (request 3, tool error): "not a public address,\\nstart with --allow-private-ips"',
+        '  FAILED: tools/call rpcfail (request 4, error): "error -32000: the database is locked\\u2028really"']
     header = (kept / "t.yaml").read_text().split("\nname:")[0]
-    assert '# FAILED in the last run: tools/call fail (tool error): "not a public address,\\nstart' in header
+    assert '# FAILED in the last run: tools/call fail (request 3, tool error): "not a public address,\\nstart' in header
     assert "tools/call fail: ok" not in result.stderr
     manifests.load(kept / "t.yaml", state_root=str(lab.dir / "state"))
 
@@ -88,7 +88,7 @@ def test_a_call_the_learning_policy_failed_is_retried_with_what_it_needs(lab, tr
     result = learn(lab, "--name", "t", *call("connect", port=port), "--", "/usr/bin/python3", str(truthful))
     assert result.returncode == 0, result.stderr
     runs = lines(result.stderr, "  run ")
-    assert "FAILED tools/call connect (tool error): \"connect failed: [Errno 13]" in runs[0]
+    assert "FAILED tools/call connect (request 3, tool error): \"connect failed: [Errno 13]" in runs[0]
     assert runs[-1].endswith("tools/call connect: ok, 0 denials")
     line = next(line for line in result.stdout.splitlines() if line.startswith(f"      - {port} "))
     assert f"# port {port} to every address (a Landlock port rule names no address): python3 connected to " \
@@ -105,7 +105,7 @@ def test_no_round_after_a_call_that_timed_out(lab, truthful, port) -> None:
     assert lines(result.stderr, "  stopped after run 1: tools/call hang got no reply in time")
     denied = lines(result.stderr, f"  denied in run 1: python3 connected to port {port} (")
     assert denied and denied[0].endswith(f"allowed by `network: connect_tcp: [{port}]`")
-    assert lines(result.stderr, '  FAILED: tools/call hang (no reply in time): "no reply in time"')
+    assert lines(result.stderr, '  FAILED: tools/call hang (request 3, no reply in time): "no reply in time"')
     assert "network:" not in result.stdout and str(port) not in result.stdout.split("sandbox:")[1]
     assert "NOT validated" in result.stdout.splitlines()[0]
 
