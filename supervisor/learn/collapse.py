@@ -120,9 +120,10 @@ def reach(a: Access) -> str:
 
 
 def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
-    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp={port: f"port {port} to every address "
-                 "(a Landlock port rule names no address): its profile's network" for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
-                 covered={})
+    profile_ports = {port: f"port {port} to every address (a Landlock port rule names no address): "
+                     "its profile's network" for port in layout.ports}
+    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp=profile_ports, bind_tcp={}, connect_unix={},
+                 refused={}, writes={}, optional={}, covered={})
     wants: dict[str, Grant] = {}
     accesses = list(accesses)
     own = temporaries.made(a for a in accesses if not any(within(a.path, w) for w in layout.writable))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -219,7 +218,7 @@ class Learner:
         """A proposal run under strace: strace and its libraries, the trace
         directory, and what the profiles give the real command (the
         variant's command is strace) are added, for this run only."""
-        extra: dict[str, list[str]] = {"read_only": [STRACE, *strace_libraries()], "read_write_noexec": [trace]}
+        extra: dict[str, list[str]] = {"read_only": [STRACE, *runner.strace_libraries()], "read_write_noexec": [trace]}
         for name in proposal.profiles:
             for cls, paths in layout.fragments.get(name, {}).items():
                 extra.setdefault(cls, []).extend(paths)
@@ -257,8 +256,16 @@ class Learner:
     # -- the rounds -----------------------------------------------------------
 
     def learn(self) -> tuple[str, Proposal, bool]:
-        """The rounds; no round after a run a call timed out in (its denials are held, listed, not granted)."""
+        """The rounds, and what the last one added marked as no run's."""
         layout = self.layout()
+        proposal, tested = self._validations(self._learning_run(layout), layout)
+        proposal.untested = proposal.keys() - (tested.keys() if tested else set())
+        self.would = collapsing.collapse(self.accesses + self.held, layout)   # the lines that would allow
+        validated = (tested is not None and not proposal.untested and not self.held
+                     and len(self.rounds[-1].run.outcomes) == len(self.opts.session))
+        return self.text(proposal, layout, validated), proposal, validated
+
+    def _learning_run(self, layout: Layout) -> Proposal:
         self._current_trace = self.trace_dir(1)
         first = self._run(1, self.learning_manifest(self._current_trace, layout))
         if not first.outcomes or not first.outcomes[0].ok:
@@ -267,14 +274,19 @@ class Learner:
                              f"{first.stderr.strip()}")
         seen = self.observed(first, False, 1)
         self.accesses = seen
-        if report.timed_out(first):
+        if report.timed_out(first):   # no round after it: its denials are held, listed, not granted
             self.accesses = [a for a in seen if not a.denied]
             self.held = [a for a in seen if a.denied]
         self.rounds.append(report.Round("learning run", first, []))
-        proposal = collapsing.collapse(self.accesses, layout)
+        return collapsing.collapse(self.accesses, layout)
+
+    def _validations(self, proposal: Proposal, layout: Layout) -> tuple[Proposal, Proposal | None]:
+        """Each round runs the proposal and adds its denials, until one adds
+        nothing; none after a run whose call got no reply in time. The last
+        proposal, and the one the last run ran (None: no run did)."""
         tested: Proposal | None = None
         for number in range(2, self.opts.rounds + 1):
-            if self.held or report.timed_out(self.rounds[-1].run):
+            if report.timed_out(self.rounds[-1].run):
                 break
             self._current_trace = self.trace_dir(number)
             run = self._run(number, self.traced_variant(proposal, self._current_trace, layout))
@@ -290,11 +302,7 @@ class Learner:
             proposal = collapsing.collapse(self.accesses, layout)
             if proposal.keys() == tested.keys():
                 break
-        proposal.untested = proposal.keys() - (tested.keys() if tested else set())
-        self.would = collapsing.collapse(self.accesses + self.held, layout)   # the lines that would allow
-        validated = (tested is not None and not proposal.untested and not self.held
-                     and len(self.rounds[-1].run.outcomes) == len(self.opts.session))
-        return self.text(proposal, layout, validated), proposal, validated
+        return proposal, tested
 
     def text(self, proposal: Proposal, layout: Layout, validated: bool) -> str:
         runs = len(self.rounds)
@@ -324,15 +332,6 @@ def absolute_arg(arg: str) -> str:
     if arg.startswith(("/", "-")) or not os.path.exists(arg):
         return arg
     return os.path.abspath(arg)
-
-
-def strace_libraries() -> list[str]:
-    """The shared libraries strace loads (ldd's list), resolved."""
-    try:
-        out = subprocess.run(["ldd", STRACE], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})
 
 
 def exit_code(learner: Learner, proposal: Proposal, validated: bool) -> int:

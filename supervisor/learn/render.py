@@ -87,7 +87,8 @@ def sandbox(p: Proposal, extra: Mapping[str, Sequence[str]] | None = None,
         for key, ports in (("connect_tcp", p.connect_tcp), ("bind_tcp", p.bind_tcp)):
             if ports:
                 out.append(f"    {key}:")
-                out += [_line(f"      - {port}", _mark(p, f"{key} {port}") + why) for port, why in sorted(ports.items())]
+                out += [_line(f"      - {port}", _mark(p, f"{key} {port}") + why)
+                        for port, why in sorted(ports.items())]
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -213,3 +214,12 @@ def dac_denies(a: Access, uid: int, gids: tuple[int, ...]) -> bool:
 def _allows(st: os.stat_result, uid: int, gids: tuple[int, ...], want: int) -> bool:
     shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
     return (st.st_mode >> shift) & want == want
+
+
+def strace_libraries() -> list[str]:
+    """The shared libraries strace loads (ldd's list), resolved."""
+    try:
+        out = subprocess.run(["ldd", STRACE], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})

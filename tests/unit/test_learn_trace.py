@@ -33,7 +33,8 @@ LINES = [
      [Access("remove", "/tmp/lx", evidence="rename", program="python3"),
       Access("create", "/var", evidence="rename", program="python3")]),
     ('symlink("tr", "ln")                     = 0', [Access("create", CWD, evidence="symlink", program="python3")]),
-    ('ftruncate(5</tmp/lx2/tr>, 0)            = 0', [Access("write", "/tmp/lx2/tr", evidence="ftruncate", program="python3")]),
+    ('ftruncate(5</tmp/lx2/tr>, 0)            = 0',
+     [Access("write", "/tmp/lx2/tr", evidence="ftruncate", program="python3")]),
     ('connect(3<TCP:[3533493]>, {sa_family=AF_INET, sin_port=htons(9), sin_addr=inet_addr("127.0.0.1")}, 16) = '
      '-1 ECONNREFUSED (Connection refused)',
      [Access("connect_tcp", port=9, evidence="connect", program="python3", address="127.0.0.1")]),
