@@ -23,7 +23,7 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
                          "confined runs of the same session. Exit 0: validated, every call answered; "
                          "4: written, not validated (a grant no run confirmed, or denials remained); "
                          "5: written, but a call of the last run failed (an error reply, isError, "
-                         "no reply in time); 1: failed; 2: usage; 3: Landlock unavailable.")
+                         "no reply in time; before 4); 1: failed; 2: usage; 3: Landlock unavailable.")
     learn.add_argument("--name", help="the manifest's name (default: from the command)")
     learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
     learn.add_argument("--session", metavar="FILE",
