@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..secrets import within
+from . import temporary as temporaries
 from .exclude import Excluded, refusal
 from .names import writable as nameable
-from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, WRITE_KINDS, Access
+from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, REMOVE, WRITE, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"
 STATE_DIR = "${STATE_DIR}"
@@ -29,6 +30,10 @@ RIGHTS = {cls: rights for rights, cls in CLASSES.items()}
 OPTIONAL_PROFILES = ("dns-tls", "node", "python")
 _SYSTEM_TREES = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/lib", "/lib32", "/lib64")
 _PACKAGE_PARENTS = ("/usr/share", "/opt", "/usr/local/share", "/usr/local/lib")
+SYSTEM_DIRECTORIES = frozenset({
+    "/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/share",
+    "/usr/include", "/usr/local", "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share",
+    "/var/lib", "/var/cache", "/var/log", "/var/spool", "/var/mail", "/var/run", "/run/user", "/dev/shm"})
 _HOME_TOOL_PARENTS = (".cache", ".config", ".local/share", ".local/lib", ".local/state")
 _EVIDENCE = 2        # examples kept per grant
 UNNAMEABLE = "no manifest can name it exactly (its name is no UTF-8)"
@@ -83,31 +88,58 @@ class Proposal:
     writes: dict[str, str]            # a write attempted outside what learning allowed -> evidence
     optional: dict[str, str]          # a read its profile says it does without (left out) -> evidence
     covered: dict[str, int]           # profile -> accesses it covers
+    temporary: dict[str, str] = field(default_factory=dict)   # a temporary name (temporary.py) -> evidence
+    untested: set[str] = field(default_factory=set)   # keys() no run has confirmed (the last round added them)
+
+    def keys(self) -> set[str]:
+        """What it grants, one key each ("read_only /usr/bin/x", "connect_tcp 443"): two proposals
+        with the same keys allow the same (their comments may differ)."""
+        return ({f"profile {name}" for name in self.profiles} | {f"{g.cls} {g.path}" for g in self.grants}
+                | {f"connect_tcp {port}" for port in self.connect_tcp} | {f"bind_tcp {port}" for port in self.bind_tcp}
+                | {f"connect_unix {path}" for path in self.connect_unix})
+
+
+_VERBS = {READ: "read", LIST: "listed", EXEC: "ran", WRITE: "wrote", CREATE: "made an entry in",
+          REMOVE: "removed an entry from", CONNECT_UNIX: "connected to", CONNECT_TCP: "connected to port",
+          BIND_TCP: "bound port"}
 
 
 def describe(a: Access) -> str:
-    what = f"{a.kind} {a.path}" if a.path else f"{a.kind} {a.port}"
-    return f"{what} ({a.evidence}{', denied' if a.denied else ''})"
+    """An access as a sentence: `node read /etc/hosts (openat, round 2, denied)`."""
+    how = ", ".join(filter(None, (a.evidence, "denied" if a.denied else "")))
+    return (f"{a.program or 'the server'} {_VERBS.get(a.kind, a.kind)} {a.path or a.port}"
+            + (f" ({how})" if how else ""))
+
+
+def reach(a: Access) -> str:
+    """What a port grant reaches, and who asked: Landlock's network rules name a port, never an address."""
+    verb = "connected to" if a.kind == CONNECT_TCP else "bound"
+    seen = f"{a.program or 'the server'} {verb} {a.address or 'an address'} port {a.port}"
+    every = "to every address" if a.kind == CONNECT_TCP else "on every address"
+    return f"port {a.port} {every} (a Landlock port rule names no address): {seen} ({a.evidence})"
 
 
 def collapse(accesses: Iterable[Access], layout: Layout) -> Proposal:
-    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp={port: "its profile's network"
-                 for port in layout.ports}, bind_tcp={}, connect_unix={}, refused={}, writes={}, optional={},
-                 covered={})
+    profile_ports = {port: f"port {port} to every address (a Landlock port rule names no address): "
+                     "its profile's network" for port in layout.ports}
+    p = Proposal(profiles=list(layout.chosen), grants=[], connect_tcp=profile_ports, bind_tcp={}, connect_unix={},
+                 refused={}, writes={}, optional={}, covered={})
     wants: dict[str, Grant] = {}
+    accesses = list(accesses)
+    own = temporaries.made(a for a in accesses if not any(within(a.path, w) for w in layout.writable))
     for a in accesses:
         if a.kind in (CONNECT_TCP, BIND_TCP):
-            (p.connect_tcp if a.kind == CONNECT_TCP else p.bind_tcp).setdefault(a.port, describe(a))
+            (p.connect_tcp if a.kind == CONNECT_TCP else p.bind_tcp).setdefault(a.port, reach(a))
             continue
-        _place(a, layout, p, wants)
+        _place(a, layout, p, wants, own)
     grants = _subsume(_upgrade(wants), layout, p.profiles)
     for g in grants:
-        g.flag = _flag(g.path)
+        g.flag = broad(g.path)
     p.grants = sorted(grants, key=lambda g: (g.cls, g.path))
     return p
 
 
-def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> None:
+def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant], own: set[str]) -> None:
     """One path access: dropped (learn's own, covered), refused, proposed, or wanted."""
     path = a.path
     if a.kind != CONNECT_UNIX:
@@ -129,15 +161,17 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
         return
     if within(path, layout.area) or within(path, layout.scratch):
         return   # the caches its profile keeps beside the state directory, or learn's own files
+    temporary = temporaries.temporary(a, own)
+    if temporary is not None:
+        p.temporary.setdefault(temporary, describe(a))
+        return
     if a.kind in WRITE_KINDS:
-        root = "/tmp" if within(path, "/tmp") else None
-        if root is not None and _unsafe(root, layout):
-            root = path if not _unsafe(path, layout) else None   # /tmp holds a home: only where it wrote
-        if root is None:
-            p.writes.setdefault(path, describe(a))
+        # A directory of its own in /tmp (where learning let it write), never /tmp.
+        mine = temporaries.entry(path) if within(path, "/tmp") else None
+        if mine is not None and not (a.kind == WRITE and mine == path) and not _unsafe(mine, layout):
+            _want(p, wants, mine, {R, W}, "a directory of its own in /tmp, where learning let it write", a)
         else:
-            _want(p, wants, root, {R, W}, "/tmp, where learning let it write" if root == "/tmp" else
-                  "where it wrote, in /tmp", a)
+            p.writes.setdefault(path, describe(a))
         return
     if a.kind == CONNECT_UNIX:
         if nameable(path):
@@ -159,7 +193,7 @@ def _place(a: Access, layout: Layout, p: Proposal, wants: dict[str, Grant]) -> N
     target, reason = tree(path, a.kind, layout)
     unsafe = _unsafe(target, layout)
     if unsafe and target != path:
-        target, reason, unsafe = path, f"the exact path ({reason} would be {unsafe})", _unsafe(path, layout)
+        target, reason, unsafe = path, f"the path itself: {target}, {reason}, would be {unsafe}", _unsafe(path, layout)
     if unsafe:
         p.refused.setdefault(f"{a.kind} {path}", unsafe)
         return
@@ -234,21 +268,23 @@ def tree(path: str, kind: str, layout: Layout) -> tuple[str, str]:
         return path, "a file of the home directory"
     if kind == LIST:
         return path, "a directory it lists"
+    if broad(os.path.dirname(path)):
+        return path, "a file of a system directory: the file itself"
     return os.path.dirname(path) or "/", "the directory of a file it read"
 
 
 def _unsafe(path: str, layout: Layout) -> str | None:
     """Why `path` must not be granted, however it was reached."""
     if path == "/":
-        return "never /"
+        return "the whole file system"
     if path in layout.homes or path == layout.home:
         return "a whole home directory"
     inside = next((e for e in layout.excluded if within(e.path, path)), None)
     if inside:
-        return f"it holds {inside.path} ({inside.why})"
+        return f"a directory holding {inside.path}, {inside.why}"
     home = next((h for h in (*layout.homes, layout.home or "/") if h != "/" and within(h, path)), None)
     if home:
-        return f"it holds the home directory {home}"
+        return f"a directory holding the home directory {home}"
     return refusal(path, layout.excluded)
 
 
@@ -262,7 +298,7 @@ def _upgrade(wants: dict[str, Grant]) -> list[Grant]:
             owner = next((t for t in writable if t is not g and within(g.path, t.path)), None)
             if owner:
                 owner.rights.add(X)
-                owner.reason += "; it executes files in it"
+                owner.reason += ", and it runs files in it"
     return list(wants.values())
 
 
@@ -279,14 +315,17 @@ def _subsume(grants: list[Grant], layout: Layout, profiles: list[str]) -> list[G
     return kept
 
 
-def _flag(path: str) -> str:
-    """A comment for the grants a reviewer should weigh."""
-    if path == "/proc":
+def broad(path: str) -> str:
+    """The one rule for BROAD, applied to every grant: a system directory
+    (top-level, or one the system's files share: every file in it, not
+    only those the server used), /proc and /sys (other processes, the
+    kernel), a temporary directory whole (every user's). "" otherwise."""
+    if within(path, "/proc"):
         return "BROAD: every process's /proc files, within what the uid and ptrace rules allow"
-    if path == "/tmp":
-        return "BROAD: shared with every user of the machine"
-    if path == "/etc" or path.startswith("/sys"):
-        return f"BROAD: all of {path}"
-    if path.count("/") == 1 and path != STATE_DIR:
-        return "BROAD: a top-level directory"
+    if within(path, "/sys"):
+        return f"BROAD: {path}, the kernel's state"
+    if path in temporaries.ROOTS:
+        return f"BROAD: {path}, shared with every user of the machine"
+    if path in SYSTEM_DIRECTORIES or path.count("/") == 1 and path != STATE_DIR:
+        return f"BROAD: {path}, a system directory: every file in it, not only those it used"
     return ""

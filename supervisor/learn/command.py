@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 def add_arguments(learn: argparse.ArgumentParser) -> None:
     learn.description = ("Runs COMMAND under strace, confined by a learning policy, as the uid the supervisor "
                          "will give it, drives an MCP session, and writes a commented manifest validated by "
-                         "confined runs of the same session. Exit 0: validated; 4: written, not validated; "
-                         "1: failed; 2: usage; 3: Landlock unavailable.")
+                         "confined runs of the same session. Exit 0: validated, every call answered; "
+                         "4: written, not validated (a grant no run confirmed, or denials remained); "
+                         "5: written, but a call of the last run failed (an error reply, isError, "
+                         "no reply in time; before 4); 1: failed; 2: usage; 3: Landlock unavailable.")
     learn.add_argument("--name", help="the manifest's name (default: from the command)")
     learn.add_argument("--out", default="-", metavar="FILE", help="where to write the manifest (default: stdout)")
     learn.add_argument("--session", metavar="FILE",
@@ -32,7 +34,7 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
                        help="a path the server may write while learning, granted if it does (repeatable)")
     learn.add_argument("--cwd", metavar="DIR", help="the server's working directory (default: its state directory)")
     learn.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                       help="a variable the manifest sets (default HOME=${STATE_DIR})")
+                       help="a variable the manifest sets (default HOME=${STATE_DIR} and TMPDIR=${STATE_DIR})")
     learn.add_argument("--inherit-env", action="append", default=[], metavar="NAME",
                        help="a variable the manifest takes from the supervisor's environment (PATH always)")
     learn.add_argument("--state-root", metavar="DIR",
@@ -40,6 +42,9 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
     learn.add_argument("--rounds", type=int, default=5, metavar="N", help="runs at most (default 5)")
     learn.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                        help="for each reply of the session (default 60)")
+    learn.add_argument("--allow-tool-errors", action="store_true",
+                       help="a tool's error reply (isError, a JSON-RPC error) is no failure: for sessions that "
+                            "call failing tools on purpose (no reply in time still is)")
     learn.add_argument("--keep", action="store_true", help="keep the scratch directory (traces, round manifests)")
     learn.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
 
@@ -92,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
     opts = learner.Options(command=command, name=args.name, out=args.out,
                            session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
                            inherit_env=args.inherit_env, state_root=state_root, rounds=args.rounds,
-                           timeout=args.timeout, keep=args.keep)
+                           timeout=args.timeout, keep=args.keep,
+                           allow_tool_errors=args.allow_tool_errors)
     return run(opts)
 
 
@@ -130,11 +136,11 @@ def run(opts: learner.Options) -> int:
         one.close()
         if where is not None:
             where.close()
-    for line in learner.summary(one, proposal, validated, time.monotonic() - started):
+    for line in learner.report.summary(one, proposal, validated, time.monotonic() - started):
         print(line, file=sys.stderr)
     if opts.out != "-":
         print(f"  written: {opts.out}", file=sys.stderr)
-    return learner.EXIT_OK if validated else learner.EXIT_NOT_VALIDATED
+    return learner.exit_code(one, proposal, validated)
 
 
 def _destination(opts: learner.Options) -> destination.Destination:

@@ -15,10 +15,23 @@ from dataclasses import dataclass
 from ..refusal import Known, why_not
 from ..secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
 
+
 @dataclass(frozen=True)
 class Excluded:
     path: str
     why: str
+
+
+def own_home() -> str | None:
+    """The home a server has: the invoking user's; none as root (a dynamic user)."""
+    return None if os.geteuid() == 0 else _passwd_home(os.getuid())
+
+
+def _passwd_home(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
 
 
 def homes(own: str | None) -> list[str]:
@@ -39,7 +52,9 @@ def excluded(own_home: str | None, project_dirs: Iterable[str], state_roots: Ite
     users' homes (all of them, as root: the dynamic user has none), the
     supervisors' state roots (other servers' state), .env files in the
     project directories. Only existing paths: the others need no rule."""
-    out = [Excluded(h, "another user's home") for h in homes(own_home)]
+    invoking = {os.path.realpath(os.environ.get("HOME") or "/"), _passwd_home(os.getuid())}
+    out = [Excluded(h, "the home of the user running learn" if h in invoking else "another user's home")
+           for h in homes(own_home)]
     out += [Excluded(p, "a secret location") for p in SYSTEM_SECRETS]
     out += [Excluded(r, "a supervisor's state root (other servers' state)") for r in state_roots]
     if own_home:

@@ -53,19 +53,19 @@ def chain(program: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
     for _ in range(_MAX_DEPTH):
         interp = elf_interpreter(current)
         if interp:
-            out.append((interp, f"ELF interpreter of {current}"))
+            out.append((interp, f"the ELF interpreter of {current}"))
             break
         words = shebang(current)
         if not words:
             break
-        out.append((words[0], f"#! of {current}"))
+        out.append((words[0], f"the #! line of {current}"))
         if os.path.basename(words[0]) == "env":
-            out += [(i, f"ELF interpreter of {words[0]}") for i in filter(None, [elf_interpreter(words[0])])]
+            out += [(i, f"the ELF interpreter of {words[0]}") for i in filter(None, [elf_interpreter(words[0])])]
             name = next((w for w in words[1:] if not w.startswith("-")), None)
             found = shutil.which(name, path=env.get("PATH", os.defpath)) if name else None
             if not found:
                 break
-            out.append((found, f"run by {words[0]} for {current}"))
+            out.append((found, f"what {words[0]} runs for {current}"))
             current = found
         else:
             current = words[0]

@@ -5,17 +5,16 @@ and execute everything but the excluded paths; write its scratch state
 directory, /tmp and the --write paths; network as its profile), as the uid
 the supervisor will give it. The accesses, with the files the kernel
 executes inside execve, collapse into a proposal. Each later round runs the
-proposal itself, traced, and adds what was denied, until a run has no
-denial. The scratch directory is removed at the end.
+proposal itself, traced, and adds what was denied, until a run adds
+nothing; none follows a run whose call got no reply in time (its denials
+are held: listed, not granted). What the last round added is marked as no
+run's (report.py). The scratch directory is removed at the end.
 """
 from __future__ import annotations
 
 import os
-import pwd
 import re
-import shlex
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,16 +23,13 @@ from typing import Any
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
-from . import area, exclude, execs, render, runner
+from . import area, exclude, execs, render, report, runner
 from .collapse import Layout, Proposal
-from .names import clean
-from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED, EXIT_CALL_FAILED = 0, 1, 2, 3, 4, 5
 PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
-SCRATCH_PARENT = "/var/tmp"
-_SHOWN = 12       # refusals in the summary    # not under /tmp, which the learning run may write
+SCRATCH_PARENT = "/var/tmp"   # not under /tmp, which the learning run may write
 
 
 class LearnError(Exception):
@@ -57,6 +53,7 @@ class Options:
     rounds: int = 5
     timeout: float = 60.0
     keep: bool = False
+    allow_tool_errors: bool = False   # a tool's error reply (isError, a JSON-RPC error) is no failure
 
 
 def name_for(command: Sequence[str]) -> str:
@@ -102,7 +99,7 @@ class Learner:
         self.command = os.path.abspath(found)
         self.name = opts.name or name_for(opts.command)
         self.profiles = profiles_for(self.command)
-        env = {"HOME": "${STATE_DIR}", **opts.env}
+        env = {"HOME": "${STATE_DIR}", "TMPDIR": "${STATE_DIR}", **opts.env}   # no temporary name in /tmp
         inherit = tuple(dict.fromkeys(["PATH", *opts.inherit_env]))
         self.draft = render.Draft(self.name, self.command, tuple(map(absolute_arg, opts.command[1:])), opts.cwd,
                                   env, inherit,
@@ -117,7 +114,9 @@ class Learner:
         self.state_dir = os.path.join(self.area, "state")
         self.uid, self.gids = self._identity()
         self.accesses: list[Access] = []
-        self.rounds: list[tuple[str, runner.Run, int]] = []   # (what, run, denials)
+        self.rounds: list[report.Round] = []
+        self.held: list[Access] = []        # the denials of a run a call timed out in: listed, not granted
+        self.would: Proposal | None = None  # the proposal with them: the lines that would allow them
         self._current_trace = ""
 
     # -- set-up ---------------------------------------------------------------
@@ -156,7 +155,7 @@ class Learner:
         return out
 
     def layout(self) -> Layout:
-        home = own_home()
+        home = exclude.own_home()
         fragments = self.fragments()
         projects = [a for a in self.draft.args if a.startswith("/") and os.path.isdir(a)]
         projects += [p for p in (self.opts.cwd, *self.opts.writes) if p]
@@ -218,7 +217,7 @@ class Learner:
         """A proposal run under strace: strace and its libraries, the trace
         directory, and what the profiles give the real command (the
         variant's command is strace) are added, for this run only."""
-        extra: dict[str, list[str]] = {"read_only": [STRACE, *strace_libraries()], "read_write_noexec": [trace]}
+        extra: dict[str, list[str]] = {"read_only": [STRACE, *runner.strace_libraries()], "read_write_noexec": [trace]}
         for name in proposal.profiles:
             for cls, paths in layout.fragments.get(name, {}).items():
                 extra.setdefault(cls, []).extend(paths)
@@ -249,46 +248,70 @@ class Learner:
             out.append(a)
             if a.kind == EXEC and a.path not in chained:
                 chained.add(a.path)
-                out += [Access(EXEC, real(p), denied=a.denied, evidence=why) for p, why in
+                out += [Access(EXEC, real(p), denied=a.denied, evidence=why, program=a.program) for p, why in
                         execs.chain(a.path, env)]
         return out
 
     # -- the rounds -----------------------------------------------------------
 
     def learn(self) -> tuple[str, Proposal, bool]:
+        """The rounds, and what the last one added marked as no run's."""
         layout = self.layout()
+        proposal, tested = self._validations(self._learning_run(layout), layout)
+        proposal.untested = proposal.keys() - (tested.keys() if tested else set())
+        self.would = collapsing.collapse(self.accesses + self.held, layout)   # the lines that would allow
+        validated = (tested is not None and not proposal.untested and not self.held
+                     and len(self.rounds[-1].run.outcomes) == len(self.opts.session))
+        return self.text(proposal, layout, validated), proposal, validated
+
+    def _learning_run(self, layout: Layout) -> Proposal:
         self._current_trace = self.trace_dir(1)
         first = self._run(1, self.learning_manifest(self._current_trace, layout))
         if not first.outcomes or not first.outcomes[0].ok:
             raise LearnError(f"the server did not answer initialize under the learning policy "
-                             f"({_outcome_text(first.outcomes)}); its stderr ends with:\n{first.stderr.strip()}")
-        self.accesses = self.observed(first, False, 1)
-        self.rounds.append(("learning run", first, 0))
-        proposal = collapsing.collapse(self.accesses, layout)
-        validated = False
+                             f"({report.outcomes_text(first.outcomes)}); its stderr ends with:\n"
+                             f"{first.stderr.strip()}")
+        seen = self.observed(first, False, 1)
+        self.accesses = seen
+        if report.timed_out(first):   # no round after it: its denials are held, listed, not granted
+            self.accesses = [a for a in seen if not a.denied]
+            self.held = [a for a in seen if a.denied]
+        self.rounds.append(report.Round("learning run", first, []))
+        return collapsing.collapse(self.accesses, layout)
+
+    def _validations(self, proposal: Proposal, layout: Layout) -> tuple[Proposal, Proposal | None]:
+        """Each round runs the proposal and adds its denials, until one adds
+        nothing; none after a run whose call got no reply in time. The last
+        proposal, and the one the last run ran (None: no run did)."""
+        tested: Proposal | None = None
         for number in range(2, self.opts.rounds + 1):
+            if report.timed_out(self.rounds[-1].run):
+                break
             self._current_trace = self.trace_dir(number)
             run = self._run(number, self.traced_variant(proposal, self._current_trace, layout))
             denials = self.observed(run, True, number)
             # (The reads left out as optional are denied, harmlessly: not counted.)
-            self.rounds.append(("validation run", run,
-                                sum(collapsing.optional(d, layout) is None for d in denials)))
-            before = render.sandbox(proposal)
+            self.rounds.append(report.Round("validation run", run,
+                                            [d for d in denials if collapsing.optional(d, layout) is None]))
+            tested = proposal
+            if report.timed_out(run):
+                self.held = self.rounds[-1].denials
+                break
             self.accesses += denials
             proposal = collapsing.collapse(self.accesses, layout)
-            if render.sandbox(proposal) == before:
-                validated = run.answered and len(run.outcomes) == len(self.opts.session)
+            if proposal.keys() == tested.keys():
                 break
-        return self.text(proposal, layout, validated), proposal, validated
+        return proposal, tested
 
     def text(self, proposal: Proposal, layout: Layout, validated: bool) -> str:
         runs = len(self.rounds)
         header = [f"{self.name}: learned by `landlock-supervisor learn` ({runs} run{'s' * (runs != 1)}; "
-                  + ("the last had no denial)." if validated else "NOT validated: see the summary on stderr)."),
+                  f"{report.verdict(self, validated)}).",
                   f"Command: {' '.join(self.opts.command)}",
                   f"Session: {self.opts.session_text}.",
                   "A trace sees only the paths this session took: review each grant, and learn again",
                   "with more --call (or a --session file) if the server does more in real use.", ""]
+        header[1:1] = report.failed_calls_header(self)
         return render.manifest(self.draft, proposal, header, _profile_notes())
 
     def close(self) -> None:
@@ -310,51 +333,8 @@ def absolute_arg(arg: str) -> str:
     return os.path.abspath(arg)
 
 
-def own_home() -> str | None:
-    """The home a server has: the invoking user's; none as root (a dynamic user)."""
-    if os.geteuid() == 0:
-        return None
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return None
-
-
-def strace_libraries() -> list[str]:
-    """The shared libraries strace loads (ldd's list), resolved."""
-    try:
-        out = subprocess.run(["ldd", STRACE], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})
-
-
-def _outcome_text(outcomes: Sequence[Outcome]) -> str:
-    return ", ".join(f"{o.method}: {'ok' if o.ok else clean(o.detail)}" for o in outcomes) or "no reply"
-
-
-def summary(learner: Learner, proposal: Proposal, validated: bool, seconds: float) -> list[str]:
-    out = [f"learn: {learner.name}: {len(learner.rounds)} runs in {seconds:.1f}s"]
-    for number, (what, run, denials) in enumerate(learner.rounds, 1):
-        tail = f", {denials} denial{'s' * (denials != 1)}" if number > 1 else ""
-        out.append(f"  run {number} ({what}, {run.seconds:.1f}s): {_outcome_text(run.outcomes)}{tail}")
-    grants = sum(1 for _ in proposal.grants) + len(proposal.connect_tcp) + len(proposal.bind_tcp)
-    out.append(f"  grants: profiles {', '.join(proposal.profiles)}; {len(proposal.grants)} paths; "
-               f"{grants - len(proposal.grants)} ports")
-    for g in proposal.grants:
-        if g.flag:
-            out.append(f"  broad: {g.cls} {clean(g.path)}: {g.flag}")
-    # Paths and evidence are the server's: one escaped token each (the
-    # --write suggestion one shell word too).
-    items = [f"  not granted (learn again with --write {shlex.quote(clean(path))} to allow it): {clean(why)}"
-             for path, why in sorted(proposal.writes.items())]
-    items += [f"  refused: {clean(what)}: {clean(why)}" for what, why in sorted(proposal.refused.items())]
-    out += items[:_SHOWN] + ([f"  ... and {len(items) - _SHOWN} more: see the end of the manifest"]
-                             if len(items) > _SHOWN else [])
-    if not validated:
-        last = learner.rounds[-1][1]
-        out.append("  NOT validated: " + ("the last run still met denials" if learner.rounds[-1][2] else
-                                         f"the session failed ({_outcome_text(last.outcomes)})"))
-        if last.stderr.strip():
-            out.append("  its stderr ends with: " + last.stderr.strip()[-600:])   # the server's own, as it is
-    return out
+def exit_code(learner: Learner, proposal: Proposal, validated: bool) -> int:
+    """5: a call failed in the last run (the manifest may lack what it needed); 4: not validated; 0."""
+    if report.failures(learner.rounds[-1].run, learner.opts.allow_tool_errors):
+        return EXIT_CALL_FAILED
+    return EXIT_OK if validated else EXIT_NOT_VALIDATED

@@ -16,6 +16,8 @@ from .names import clean, q
 
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec")
 _WIDTH = 48   # the column comments start at
+_ENV_NOTES = {"HOME": "programs that look for a home find their state directory",
+              "TMPDIR": "its temporary files in its own directory, never the shared /tmp"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = N
     if draft.cwd:
         out.append(f"cwd: {q(draft.cwd)}")
     out.append("env:" if draft.env else "env: {}")
-    out += [_line(f"  {k}: {q(v)}", "programs that look for a home find their state directory"
-                  if k == "HOME" and v == "${STATE_DIR}" else "") for k, v in sorted(draft.env.items())]
+    out += [_line(f"  {k}: {q(v)}", _ENV_NOTES.get(k, "") if v == "${STATE_DIR}" else "")
+            for k, v in sorted(draft.env.items())]
     out.append(f"inherit_env: [{', '.join(q(n) for n in draft.inherit_env)}]")
     out.append(_line("state_dir: true", "its own writable directory, and its caches beside it"))
     if draft.dynamic:
@@ -54,8 +56,11 @@ def top(draft: Draft, command: str | None = None, args: Sequence[str] | None = N
     return out
 
 
-def _grant_line(g: Grant) -> str:
-    why = g.reason + (f"; {g.flag}" if g.flag else "")
+UNTESTED = "NOT VALIDATED (the last round added it, no run has confirmed it): "
+
+
+def _grant_line(g: Grant, untested: bool) -> str:
+    why = (UNTESTED if untested else "") + g.reason + (f"; {g.flag}" if g.flag else "")
     seen = "; ".join(g.evidence) + (f" and {g.seen - len(g.evidence)} more" if g.seen > len(g.evidence) else "")
     return _line(f"    - {q(g.path)}", f"{why}: {seen}" if seen else why)
 
@@ -71,18 +76,24 @@ def sandbox(p: Proposal, extra: Mapping[str, Sequence[str]] | None = None,
         more = list((extra or {}).get(cls, ()))
         if grants or more:
             out.append(f"  {cls}:")
-            out += [_grant_line(g) for g in grants]
+            out += [_grant_line(g, f"{g.cls} {g.path}" in p.untested) for g in grants]
             out += [f"    - {q(path)}" for path in more]
     if p.connect_unix:
         out.append("  connect_unix:")
-        out += [_line(f"    - {q(path)}", why) for path, why in sorted(p.connect_unix.items())]
+        out += [_line(f"    - {q(path)}", _mark(p, f"connect_unix {path}") + why)
+                for path, why in sorted(p.connect_unix.items())]
     if p.connect_tcp or p.bind_tcp:
         out.append("  network:")
         for key, ports in (("connect_tcp", p.connect_tcp), ("bind_tcp", p.bind_tcp)):
             if ports:
                 out.append(f"    {key}:")
-                out += [_line(f"      - {port}", why) for port, why in sorted(ports.items())]
+                out += [_line(f"      - {port}", _mark(p, f"{key} {port}") + why)
+                        for port, why in sorted(ports.items())]
     return out
+
+
+def _mark(p: Proposal, key: str) -> str:
+    return UNTESTED if key in p.untested else ""
 
 
 def not_granted(p: Proposal) -> list[str]:
@@ -92,6 +103,10 @@ def not_granted(p: Proposal) -> list[str]:
         out.append("# Writes it attempted outside what learning let it write (not granted;")
         out.append("# learn again with --write PATH to allow one):")
         out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.writes.items())]
+    if p.temporary:
+        out.append("# Temporary names (not granted, never a --write: the manifest's TMPDIR, its state")
+        out.append("# directory, takes their place):")
+        out += [f"#   {clean(path)}: {clean(why)}" for path, why in sorted(p.temporary.items())]
     if p.optional:
         out.append("# Left out: reads its profiles' programs do without (denied, they are harmless, and")
         out.append("# counted as suppressed where denials are seen):")

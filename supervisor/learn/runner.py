@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 from ..client import SupervisorError
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
-from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, WRITE, Access, read_task
+from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_tasks
 
 MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
 _STDERR_TAIL = 2000
@@ -46,11 +47,7 @@ class Run:
     uid: int
     gids: tuple[int, ...] = field(default=())
     denied: list[dict[str, Any]] = field(default_factory=list)   # the supervisor's `denied` events
-
-    @property
-    def answered(self) -> bool:
-        """Every request got a reply (an error reply included: the server ran)."""
-        return bool(self.outcomes) and all(o.ok or o.detail.startswith("error ") for o in self.outcomes)
+    tracer: int = 0        # the spawned pid: strace itself, whose own accesses are not the server's
 
 
 DenialSource = Callable[[Run], list[Access]]
@@ -95,7 +92,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
     finally:
         client.close()
     return Run(outcomes, status, _tail(stderr_path), trace_dir, cwd, time.monotonic() - started, uid, gids,
-               list(child.denied))
+               list(child.denied), child.pid)
 
 
 def _finish(child: Any) -> int | None:
@@ -154,9 +151,8 @@ def accesses(r: Run) -> list[Access]:
     """Everything the traced run did that Landlock checks, less the denials
     the file modes alone explain (Landlock comes after DAC, and a trace
     cannot tell the two apart: a PATH search through /root, say)."""
-    return [a for name, lines in trace_files(r.trace_dir)
-            for a in read_task(lines, r.cwd, "task " + name.rpartition(".")[2])
-            if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
+    files = ((name.rpartition(".")[2], lines) for name, lines in trace_files(r.trace_dir))
+    return [a for a in read_tasks(files, r.cwd) if not (a.denied and a.path and dac_denies(a, r.uid, r.gids))]
 
 
 def strace_denials(r: Run) -> list[Access]:
@@ -174,21 +170,26 @@ def audit_denials(r: Run) -> list[Access]:
     """The DenialSource of the kernel's own word: the `denied` events the
     supervisor read from the audit log while this run was confined
     (where it reads them). It sees what a trace cannot: the kernel's
-    execute checks inside execve, io_uring."""
+    execute checks inside execve, io_uring. The tracer's own (strace reads
+    /proc/sys/kernel/pid_max and its tracees' /proc files) are not the
+    server's: left out."""
     out = []
     for event in r.denied:
         rights, obj = event.get("rights") or [], str(event.get("object") or "")
         process = event.get("process") or {}
-        evidence = f"denied to {process.get('comm') or 'the server'}, audit"
+        if process.get("pid") == r.tracer and process.get("exe") == STRACE:
+            continue
+        evidence, program = "an audit record", str(process.get("comm") or "")
         if event.get("kind") == "tcp":
-            port = int(obj.rpartition(":")[2]) if obj.rpartition(":")[2].isdigit() else 0
+            address, _, port = obj.rpartition(":")
             kind = CONNECT_TCP if "net.connect_tcp" in rights else BIND_TCP
-            out.append(Access(kind, port=port, denied=True, evidence=evidence))
+            out.append(Access(kind, port=int(port) if port.isdigit() else 0, denied=True, evidence=evidence,
+                              program=program, address=address.strip("[]")))
             continue
         if event.get("kind") != "path":
             continue
         kinds = {_KIND_OF_RIGHT.get(right, CREATE if right.startswith("fs.make_") else "") for right in rights}
-        out += [Access(kind, obj, denied=True, evidence=evidence) for kind in sorted(kinds - {""})]
+        out += [Access(kind, obj, denied=True, evidence=evidence, program=program) for kind in sorted(kinds - {""})]
     return out
 
 
@@ -215,3 +216,12 @@ def dac_denies(a: Access, uid: int, gids: tuple[int, ...]) -> bool:
 def _allows(st: os.stat_result, uid: int, gids: tuple[int, ...], want: int) -> bool:
     shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
     return (st.st_mode >> shift) & want == want
+
+
+def strace_libraries() -> list[str]:
+    """The shared libraries strace loads (ldd's list), resolved."""
+    try:
+        out = subprocess.run(["ldd", STRACE], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted({os.path.realpath(w) for line in out.splitlines() for w in line.split() if w.startswith("/")})

@@ -10,7 +10,7 @@ import os
 import select
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 PROTOCOL_VERSION = "2024-11-05"
@@ -58,11 +58,24 @@ def requests(calls: Sequence[tuple[str, str]], session_lines: Iterable[str] | No
     return out
 
 
+# Why a request failed: its tool said so (`isError`), a JSON-RPC error, no
+# reply in time, the server closed its stdout (or the pipe broke).
+TOOL_ERROR, RPC_ERROR, TIMEOUT, CLOSED = "tool error", "error", "no reply in time", "no reply"
+
+
 @dataclass
 class Outcome:
     method: str
     ok: bool
-    detail: str      # the error, or a short account of the result
+    detail: str      # the error (the server's own message), or a short account of the result
+    failure: str = ""    # TOOL_ERROR, RPC_ERROR, TIMEOUT, CLOSED; "" when ok
+    tool: str = ""       # the tool of a tools/call
+    number: int = 0      # its place in the session (initialize is 1): two calls of one tool differ
+
+    @property
+    def call(self) -> str:
+        """The request as a person names it: `tools/call fetch`."""
+        return f"{self.method} {self.tool}" if self.tool else self.method
 
 
 def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: float) -> list[Outcome]:
@@ -72,31 +85,35 @@ def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: floa
     reader = _Reader(stdout)
     for number, request in enumerate(plan, 1):
         message = {"jsonrpc": "2.0", "id": number, **request}
+        tool = request.get("params", {}).get("name") if request["method"] == "tools/call" else None
         try:
             _send(stdin, message)
             reply = reader.reply(number, stdin, time.monotonic() + timeout)
         except (OSError, EOFError, TimeoutError) as e:
-            out.append(Outcome(request["method"], False, str(e) or type(e).__name__))
+            out.append(Outcome(request["method"], False, str(e) or type(e).__name__,
+                               TIMEOUT if isinstance(e, TimeoutError) else CLOSED, str(tool or ""), number))
             return out
-        if "error" in reply:
-            error = reply["error"] if isinstance(reply["error"], dict) else {}
-            out.append(Outcome(request["method"], False, f"error {error.get('code')}: {error.get('message')}"))
-        else:
-            out.append(Outcome(request["method"], True, _summary(request, reply.get("result"))))
+        out.append(replace(outcome(request["method"], str(tool or ""), reply), number=number))
         if request["method"] == "initialize" and "error" not in reply:
             _send(stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
     return out
 
 
-def _summary(request: dict[str, Any], result: Any) -> str:
+def outcome(method: str, tool: str, reply: dict[str, Any]) -> Outcome:
+    """A reply judged: a JSON-RPC error, or a tool's `isError` result, is a
+    failure, with the server's own message (the caller escapes it)."""
+    if "error" in reply:
+        error = reply["error"] if isinstance(reply["error"], dict) else {}
+        return Outcome(method, False, f"error {error.get('code')}: {error.get('message')}", RPC_ERROR, tool)
+    result = reply.get("result")
     if not isinstance(result, dict):
-        return ""
-    if request["method"] == "tools/list":
-        return f"{len(result.get('tools') or [])} tools"
-    if request["method"] == "tools/call" and result.get("isError"):
-        texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c, dict)]
-        return "the tool reported an error: " + " ".join(texts)[:200]
-    return ""
+        return Outcome(method, True, "", "", tool)
+    if method == "tools/call" and result.get("isError"):
+        texts = [str(c.get("text", "")) for c in result.get("content") or [] if isinstance(c, dict)]
+        return Outcome(method, False, " ".join(texts)[:300] or "(no message)", TOOL_ERROR, tool)
+    if method == "tools/list":
+        return Outcome(method, True, f"{len(result.get('tools') or [])} tools", "", tool)
+    return Outcome(method, True, "", "", tool)
 
 
 def _send(fd: int, message: dict[str, Any]) -> None:

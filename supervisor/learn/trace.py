@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 STRACE = "/usr/bin/strace"
 # %process for execve and clone (a child's cwd), ftruncate (%file misses it),
@@ -34,7 +34,9 @@ class Access:
     path: str = ""          # absolute; for create and remove, the directory
     port: int = 0
     denied: bool = False
-    evidence: str = ""      # "openat by node", "ELF interpreter of /usr/bin/node"
+    evidence: str = ""      # how it was seen: "openat", "audit", "the ELF interpreter of /usr/bin/node"
+    program: str = ""       # who: the task's program (the file it executed, or audit's comm)
+    address: str = ""       # for a port: the address it connected to or bound
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ _CREATE = {"mkdir": (None, 0), "mkdirat": (0, 1), "mknod": (None, 0), "mknodat":
 _REMOVE = {"unlink": (None, 0), "unlinkat": (0, 1), "rmdir": (None, 0)}
 _RENAME = {"rename": ((None, 0), (None, 1)), "renameat": ((0, 1), (2, 3)), "renameat2": ((0, 1), (2, 3))}
 _EXEC = {"execve": (None, 0), "execveat": (0, 1)}
+_CLONES = ("clone", "clone3", "fork", "vfork")
 
 
 class Task:
@@ -175,6 +178,7 @@ class Task:
     def __init__(self, cwd: str, label: str) -> None:
         self.cwd = cwd
         self.program = label   # until it execs: a thread, or a fork of a program
+        self.children: dict[str, str] = {}   # tid -> this task's program when it cloned it
 
     def _path(self, call: Call, dirfd: int | None, index: int) -> str | None:
         if index >= len(call.args):
@@ -195,19 +199,27 @@ class Task:
         return os.path.normpath(os.path.join(base, path))
 
     def accesses(self, call: Call) -> Iterator[Access]:
+        """The call's accesses, each naming the program that made it (for an
+        execve, the program that ran the new one)."""
+        program = self.program
+        for a in self._accesses(call):
+            yield replace(a, program=program) if not a.program else a
+
+    def _accesses(self, call: Call) -> Iterator[Access]:
         name, ok = call.name, call.errno is None
+        if name in _CLONES and ok and call.result.split()[0].isdigit():
+            self.children[call.result.split()[0]] = self.program
         if name in ("connect", "bind") and not ok and call.errno not in DENIED:
             ok = True   # EINPROGRESS, ECONNREFUSED, EADDRINUSE: Landlock let it through
         if not ok and call.errno not in DENIED:
             return
         denied = not ok
-        evidence = f"{name} by {self.program}"
+        evidence = name
         if name in _EXEC:
             path = self._path(call, *_EXEC[name])
             if path:
                 if ok:
                     self.program = os.path.basename(path)
-                    evidence = f"{name} by {self.program}"
                 yield Access(EXEC, path, denied=denied, evidence=evidence)
         elif name in _OPEN:
             dirfd, index, flags_at = _OPEN[name]
@@ -262,15 +274,40 @@ class Task:
             port = re.search(r"sin6?_port=htons\((\d+)\)", address)
             if port:
                 kind = CONNECT_TCP if call.name == "connect" else BIND_TCP
-                yield Access(kind, port=int(port.group(1)), denied=denied, evidence=evidence)
+                ip = re.search(r'inet_addr\("([^"]*)"\)|inet_pton\(AF_INET6, "([^"]*)"', address)
+                yield Access(kind, port=int(port.group(1)), denied=denied, evidence=evidence,
+                             address=(ip.group(1) or ip.group(2)) if ip else "")
 
 
-def read_task(lines: Iterable[str], cwd: str, label: str = "a task") -> list[Access]:
-    """Every access of one task's file, in order."""
+def read_task(lines: Iterable[str], cwd: str, label: str = "a task") -> tuple[list[Access], dict[str, str]]:
+    """Every access of one task's file, in order; the tasks it cloned (tid -> its program then)."""
     task = Task(cwd, label)
     out: list[Access] = []
     for line in lines:
         call = parse_line(line.rstrip("\n"))
         if call is not None:
             out.extend(task.accesses(call))
-    return out
+    return out, task.children
+
+
+def read_tasks(files: Iterable[tuple[str, Iterable[str]]], cwd: str, root: str = "the server") -> list[Access]:
+    """Every access of every task's file (tid, lines), each naming a program:
+    a task that never executed anything is its parent's program when it
+    cloned it (a thread, a fork), never a task id; `root` the first."""
+    found: list[tuple[str, list[Access]]] = []
+    parents: dict[str, str] = {}
+    for tid, lines in files:
+        accesses, children = read_task(lines, cwd, _PLACEHOLDER + tid)
+        found.append((tid, accesses))
+        parents.update(children)
+
+    def name(label: str) -> str:
+        for _ in range(64):   # a chain of threads and forks; a loop only in a forged trace
+            if not label.startswith(_PLACEHOLDER):
+                return label
+            label = parents.get(label[len(_PLACEHOLDER):], root)
+        return root
+    return [replace(a, program=name(a.program)) for _, accesses in found for a in accesses]
+
+
+_PLACEHOLDER = "\0task "   # no program's name: a comm holds no NUL

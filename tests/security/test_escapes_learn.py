@@ -136,7 +136,7 @@ opts = learner.Options(command=a["command"], name="hostile", session=requests([(
 one = learner.Learner(opts)
 try:
     text, p, validated = one.learn()
-    summary = learner.summary(one, p, validated, 0.0)
+    summary = learner.report.summary(one, p, validated, 0.0)
 finally:
     one.close()
 print(json.dumps({"text": text, "grants": [[g.cls, g.path] for g in p.grants], "connect_unix": list(p.connect_unix),
@@ -171,6 +171,9 @@ def test_file_names_the_server_chose_stay_one_token(world: World) -> None:
     assert not bad, f"raw control characters or line breaks in the manifest: {bad[:5]}"
     bad = [line for line in summary if not _printable(line)]
     assert not bad, f"raw control characters in learn's summary: {bad[:5]}"
+    # Its reply, a failed call's message, is quoted escaped in the summary and the manifest's header.
+    quoted = 'tools/call attack (request 3, tool error): "\\x1b]0;owned\\x07\\x1b[2J\\nlearn: validated\\u2028"'
+    assert f"  FAILED: {quoted}" in summary and f"# FAILED in the last run: {quoted}" in text, summary
     # The manifest says exactly what was proposed, and no name added a grant.
     doc = manifest_yaml.parse("learnt", text.encode())
     proposed: dict[str, list[str]] = {}

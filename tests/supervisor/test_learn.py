@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import stat
+import string
 import subprocess
 import sys
 import tempfile
@@ -102,22 +104,27 @@ def test_learns_a_manifest_that_serves_the_session(lab, tiny, kept) -> None:
                                     None)
             outcomes = session.drive(in_w, out_r, plan, 10)
             os.close(in_w)
-    assert [o.ok for o in outcomes] == [True] * 4
+    assert [o.ok for o in outcomes] == [True, True, True, False]
     assert outcomes[2].detail == "" and "Permission denied" in outcomes[3].detail
+    assert outcomes[3].failure == session.TOOL_ERROR and outcomes[3].call == "tools/call save"
     assert (out / "b.txt").read_text() == "x" and not (lab.dir / "elsewhere.txt").exists()
 
 
 def test_a_write_outside_what_learning_allowed_is_proposed_not_granted(lab, tiny) -> None:
     server, _ = tiny
-    target = Path(tempfile.mkdtemp(dir="/var/tmp"))   # not under /tmp, which learning lets it write
+    # Not under /tmp, which learning lets it write; a name of letters only: a
+    # made-up one (mkdtemp's) is a temporary name, never proposed.
+    target = Path("/var/tmp") / ("llsv-out-" + "".join(random.choices(string.ascii_lowercase, k=12)))
+    target.mkdir(mode=0o777)
     os.chmod(target, 0o777)
     try:
         result = learn(lab, "--name", "tiny2", *save(target / "x.txt"), "--", "/usr/bin/python3", str(server))
         assert not (target / "x.txt").exists()
     finally:
         shutil.rmtree(target)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr   # the call failed: the manifest lacks what it needed
     assert f"learn again with --write {target / 'x.txt'}" in result.stderr
+    assert "  FAILED: tools/call save (request 3, tool error): \"[Errno 13] Permission denied" in result.stderr
     sandbox = result.stdout.split("sandbox:")[1].split("# Writes it attempted")[0]
     assert str(target) not in sandbox
     assert f"#   {target / 'x.txt'}: " in result.stdout

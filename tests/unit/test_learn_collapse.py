@@ -61,7 +61,15 @@ TABLE = [
      {("read_write_noexec", "/data/out")}, set()),
     ("a --write path only read is still granted as given", [Access("read", "/data/out/x")],
      {("read_write_noexec", "/data/out")}, set()),
-    ("/tmp writes", [Access("create", "/tmp")], {("read_write_noexec", "/tmp")}, set()),
+    ("a file made in /tmp itself: never /tmp", [Access("create", "/tmp")], set(), set()),
+    ("a directory of its own in /tmp", [Access("create", "/tmp/app"), Access("write", "/tmp/app/x")],
+     {("read_write_noexec", "/tmp/app")}, set()),
+    ("a temporary name, written then read", [Access("write", "/var/tmp/ll8wq3na"),
+                                              Access("read", "/var/tmp/ll8wq3na")], set(), set()),
+    ("a temporary directory's files", [Access("create", "/tmp/tmpk2_x9abc"), Access("read", "/tmp/tmpk2_x9abc/f")],
+     set(), set()),
+    ("a made-up name only read is a directory like any", [Access("read", "/tmp/llsv-k2x9abcd/srv/x.py")],
+     {("read_only_noexec", "/tmp/llsv-k2x9abcd/srv")}, set()),
     ("learn's own files", [Access("read", "/var/tmp/learn/trace-1/t.1")], set(), set()),
     ("a name a manifest writes exactly", [Access("exec", "/opt/x\n    - \"/home\"\n#\u2028\x1b")],
      {("read_only", "/opt/x\n    - \"/home\"\n#\u2028\x1b")}, set()),
@@ -174,3 +182,107 @@ def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
     assert writable(path) == ok
     if ok:
         assert parse("t", f"p: {q(path)}".encode()) == {"p": path}
+
+
+@pytest.mark.parametrize("access,comment", [
+    (Access("connect_tcp", port=443, evidence="connect by node", program="node", address="140.82.1.3"),
+     "port 443 to every address (a Landlock port rule names no address): node connected to 140.82.1.3 port 443"),
+    (Access("bind_tcp", port=8080, evidence="bind by python3", program="python3", address="0.0.0.0"),
+     "port 8080 on every address (a Landlock port rule names no address): python3 bound 0.0.0.0 port 8080"),
+])
+def test_a_port_grant_says_what_it_reaches_and_who_asked(access: Access, comment: str) -> None:
+    p = collapse([access], LAYOUT)
+    assert next(iter({**p.connect_tcp, **p.bind_tcp}.values())).startswith(comment)
+
+
+@pytest.mark.parametrize("name,made", [
+    ("ll8wq3na", True), ("p_368h8l", True),             # Python's temp-directory probe
+    ("tmpk2_x9abc", True), ("tmp0s1chent", True),       # mkstemp, mkdtemp
+    ("learn-2a_kx9pz", True), ("npm-aB3dE9", True),     # mkdtemp with a prefix: Python's, node's
+    ("server.12345.sock", True), ("x-368", True),       # pids
+    ("3f9a0c1be2d4", True),                             # a hex token
+    ("myapp", False), ("database", False), ("node-v20", False), ("python3.11", False), ("sessions", False),
+    ("out-abcdefgh", False),
+])
+def test_a_made_up_name(name: str, made: bool) -> None:
+    from supervisor.learn.temporary import made_up
+    assert made_up(name) is made
+
+
+def test_a_temporary_name_is_listed_never_granted_nor_proposed() -> None:
+    p = collapse([Access("create", "/var/tmp", denied=True), Access("write", "/var/tmp/ll8wq3na", denied=True),
+                  Access("read", "/var/tmp/ll8wq3na", denied=True), Access("create", "/tmp")], LAYOUT)
+    assert not p.grants and not p.writes and set(p.temporary) == {"/var/tmp", "/var/tmp/ll8wq3na", "/tmp"}
+
+
+@pytest.mark.parametrize("path,word", [
+    ("/", "a system directory"), ("/usr/bin", "a system directory"), ("/etc", "a system directory"),
+    ("/opt", "a system directory"), ("/usr/share", "a system directory"), ("/var/lib", "a system directory"),
+    ("/proc", "every process's /proc files"), ("/proc/sys/kernel", "every process's /proc files"),
+    ("/sys/fs/cgroup/x", "the kernel's state"), ("/tmp", "shared with every user"),
+    ("/var/tmp", "shared with every user"), ("/dev/shm", "shared with every user"),
+    ("/usr/bin/ldd", ""), ("/etc/hosts", ""), ("/usr/share/zoneinfo", ""), ("/opt/venv", ""), ("/tmp/app", ""),
+    ("/app/node_modules", ""), ("${STATE_DIR}", ""), (f"{HOME}/.cache/tool", ""),
+])
+def test_broad_is_one_rule(path: str, word: str) -> None:
+    from supervisor.learn.collapse import broad
+    flag = broad(path)
+    assert (word in flag and flag.startswith("BROAD: ")) if word else flag == ""
+
+
+@pytest.mark.parametrize("access,granted", [
+    (Access("read", "/usr/bin/ldd"), ("read_only_noexec", "/usr/bin/ldd")),     # node read it once
+    (Access("read", "/usr/share/dict-words"), ("read_only_noexec", "/usr/share/dict-words")),
+    (Access("read", "/var/lib/thing.db"), ("read_only_noexec", "/var/lib/thing.db")),
+    (Access("read", "/mnt/data/a.csv"), ("read_only_noexec", "/mnt/data")),
+    (Access("list", "/usr/bin"), ("read_only_noexec", "/usr/bin")),               # listed whole: flagged
+])
+def test_a_system_directory_is_never_granted_for_one_file_it_read(access: Access, granted: tuple[str, str]) -> None:
+    p = collapse([access], LAYOUT)
+    assert grants(p) == {granted}
+    assert all(bool(g.flag) == (g.path in ("/usr/bin",)) for g in p.grants)
+
+
+# The texts a person reads in the manifest's comments and the summary:
+# sentences naming programs, never task ids.
+@pytest.mark.parametrize("access,text", [
+    (Access("read", "/etc/hosts", evidence="openat", program="node"), "node read /etc/hosts (openat)"),
+    (Access("exec", "/usr/bin/git", denied=True, evidence="execve, round 2", program="node"),
+     "node ran /usr/bin/git (execve, round 2, denied)"),
+    (Access("exec", "/usr/lib64/ld-linux-x86-64.so.2", evidence="the ELF interpreter of /usr/bin/node",
+            program="npm"), "npm ran /usr/lib64/ld-linux-x86-64.so.2 (the ELF interpreter of /usr/bin/node)"),
+    (Access("create", "/var/tmp", denied=True, evidence="an audit record", program="python3"),
+     "python3 made an entry in /var/tmp (an audit record, denied)"),
+    (Access("connect_tcp", port=443, evidence="connect", program="npm"), "npm connected to port 443 (connect)"),
+    (Access("read", "/x"), "the server read /x"),
+])
+def test_an_access_reads_as_a_sentence(access: Access, text: str) -> None:
+    from supervisor.learn.collapse import describe
+    assert describe(access) == text
+
+
+MINE = "/work/people/me"   # the invoking user's home: HOME, which passwd does not list
+OWN = Layout(cwd="/srv/state", state_dir="/srv/state", area="/srv", scratch="/var/tmp/learn", homes=(MINE,),
+             excluded=(Excluded(MINE, "the home of the user running learn"),))
+
+
+@pytest.mark.parametrize("access,comment", [
+    (Access("read", "/work/people/notes.txt", evidence="openat", program="python3"),
+     "the path itself: /work/people, the directory of a file it read, would be a directory holding "
+     "/work/people/me, the home of the user running learn: python3 read /work/people/notes.txt (openat)"),
+    (Access("read", "/usr/bin/ldd", evidence="openat", program="node"),
+     "a file of a system directory: the file itself: node read /usr/bin/ldd (openat)"),
+    (Access("read", "/proc/12/status", evidence="openat", program="node"),
+     "/proc/<pid> binds one process: all of /proc; BROAD: every process's /proc files"),
+])
+def test_a_grants_comment_is_a_sentence(access: Access, comment: str) -> None:
+    from supervisor.learn import render
+    text = "\n".join(render.sandbox(collapse([access], OWN)))
+    assert f"# {comment}" in text and "task" not in text and "another user" not in text
+
+
+def test_the_invoking_users_home_is_theirs(tmp_path, monkeypatch) -> None:
+    from supervisor.learn.exclude import excluded
+    monkeypatch.setenv("HOME", str(tmp_path))
+    whys = {e.path: e.why for e in excluded(None, [], [])}
+    assert whys[str(tmp_path)] == "the home of the user running learn"
