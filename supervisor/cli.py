@@ -184,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from . import client as clients
-    from .paths import NoDefaultSocket
+    from .paths import SocketPathError
     try:
         if args.command == "run":
             return _run(args, wakeup, private)
         reply = getattr(clients.Client(args.socket), args.command)()
-    except NoDefaultSocket as e:
+    except SocketPathError as e:
         return _fail(EXIT_USAGE, str(e))
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import grp
 
-    from .paths import NoDefaultSocket, default_socket_path, default_state_root
+    from .paths import check_fallback, check_length, default_socket_path, default_state_root
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
@@ -220,9 +220,12 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, f"not starting: {e}")
     socket_path = args.socket
     if socket_path is None and listen_fd is None and args.control_fd is None:
+        socket_path = default_socket_path()
+    if socket_path is not None:
         try:
-            socket_path = default_socket_path()
-        except NoDefaultSocket as e:
+            check_length(socket_path)
+            check_fallback(socket_path, create=True)
+        except OSError as e:   # (SocketPathError among them)
             return _fail(EXIT_USAGE, str(e))
     numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
                "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}

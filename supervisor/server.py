@@ -79,6 +79,7 @@ class Supervisor:
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
         self.stopping = False
         self.owned_socket_path: str | None = None   # bound here: removed at the end
+        self.socket_lock: int | None = None          # its lock file's fd, closed once it is removed
         self.isolation: namespaces.Isolation | None = early[0] if early else None
         self.booting: Booting | None = early[1] if early else None
         self.confinements = Confinements()
@@ -173,7 +174,7 @@ class Supervisor:
             sock = listener.inherited(self.config.listen_fd)
         else:
             path = self.config.socket_path or default_socket_path()
-            sock = listener.bound(path, bool(self.config.allow_uids or self.config.allow_gids))
+            sock, self.socket_lock = listener.bound(path, bool(self.config.allow_uids or self.config.allow_gids))
             self.config.socket_path = self.owned_socket_path = path
         self.connections.listen(sock)
 
@@ -209,6 +210,9 @@ class Supervisor:
         if self.owned_socket_path:
             listener.remove(self.owned_socket_path)
             self.owned_socket_path = None
+        if self.socket_lock is not None:
+            os.close(self.socket_lock)
+            self.socket_lock = None
 
     def _finish(self) -> None:
         self.children.end_descendants()
