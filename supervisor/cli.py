@@ -255,6 +255,12 @@ def _serve(args: argparse.Namespace) -> int:
                     allow_root_servers=args.allow_root_servers, dynamic_uids=dynamic_uids,
                     session_gids=session_gids if os.geteuid() == 0 else None, only=args.only,
                     audit=args.audit, audit_nested=args.audit_nested)
+    if os.geteuid() == 0:
+        from .log import log
+        from .provenance import warning
+        line = warning()
+        if line:
+            log(line)
     try:
         supervisor = Supervisor(config, early)
     except (ManifestError, OSError) as e:
