@@ -11,6 +11,7 @@ All of them run in every mode: about a minute on 2 cores (`-m install`
 selects this group alone)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,8 +69,14 @@ def _offline(base: Path, wheelhouse: Path) -> dict[str, str]:
             "UV_CACHE_DIR": str(base / "uv-cache")}
 
 
-@pytest.fixture(scope="module")
-def house() -> Iterator[House]:
+class NoWheelhouse(Exception):
+    """No index nor cache to build the wheelhouse from."""
+
+
+@contextlib.contextmanager
+def built_house() -> Iterator[House]:
+    """A clean copy, its wheelhouse and what the entry points take, in a
+    directory of /tmp removed afterwards (scripts/bench_installs.py too)."""
     base = Path(tempfile.mkdtemp(prefix="llsv-install-", dir="/tmp"))
     os.chmod(base, 0o755)   # (the plain uid runs what is installed here)
     try:
@@ -82,9 +89,9 @@ def house() -> Iterator[House]:
             r = _run([sys.executable, "-m", "pip", "wheel", "-q", "--use-pep517", "--retries", "2", "--timeout", "60",
                       "-w", str(wheelhouse), f"{src}[test]", "pip", "setuptools", "wheel"], timeout=480)
         except subprocess.TimeoutExpired:
-            pytest.skip("no wheelhouse could be built: pip wheel took over 480 s (no index reachable?)")
+            raise NoWheelhouse("pip wheel took over 480 s (no index reachable?)") from None
         if r.returncode != 0:
-            pytest.skip(f"no wheelhouse could be built (no index nor cache?): {r.stderr.strip()[-300:]}")
+            raise NoWheelhouse(f"no index nor cache? {r.stderr.strip()[-300:]}")
         wheel, = wheelhouse.glob("landlock_supervisor-*.whl")
         manifests = base / "manifests"
         manifests.mkdir()
@@ -99,7 +106,17 @@ def house() -> Iterator[House]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _install(house: House, mode: str) -> Installed:
+@pytest.fixture(scope="module")
+def house() -> Iterator[House]:
+    with contextlib.ExitStack() as stack:
+        try:
+            built = stack.enter_context(built_house())
+        except NoWheelhouse as e:
+            pytest.skip(f"no wheelhouse could be built: {e}")
+        yield built
+
+
+def install(house: House, mode: str) -> Installed:
     where = house.base / mode.replace(" ", "_").replace("/", "_").replace(".", "dot")
     where.mkdir()
     env = _offline(house.base, house.wheelhouse)
@@ -220,6 +237,6 @@ def _exercise(inst: Installed, who: As, house: House) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_entry_point_works(house: House, mode: str) -> None:
-    inst = _install(house, mode)
+    inst = install(house, mode)
     for uid in (0, USER_UID):
         _exercise(inst, _as(house, uid), house)
