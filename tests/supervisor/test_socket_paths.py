@@ -66,6 +66,10 @@ def test_default_socket_paths_for_a_user(lab, places):
     fallback = f"{FALLBACK}/socket"
     r = _as_user(_PRINT_PATHS, {**CLIENT_ENV, "XDG_RUNTIME_DIR": str(runtime)})
     assert r.stdout.split() == [f"{runtime}/landlock-supervisor/socket", fallback], r
+    # No supervisor at either: one line naming both.
+    r = _run_as_user({**CLIENT_ENV, "XDG_RUNTIME_DIR": str(runtime)}, "echo")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and fallback in r.stderr, r
+    assert f"{runtime}/landlock-supervisor/socket" in r.stderr, r
     r = _as_user(_PRINT_PATHS, CLIENT_ENV)
     assert r.stdout.split() == [fallback], r
     run_user = make_run_user()
