@@ -133,6 +133,38 @@ def test_serve_and_run_meet_as_a_plain_user(lab, places, case):
     assert not os.path.exists(where)
 
 
+@pytest.mark.parametrize("read_write, read_write_noexec, warned", [
+    ((), ("/tmp",), True),
+    (("/tmp/landlock-supervisor-1000",), (), True),
+    ((), ("/tmp/landlock-supervisor-1000/",), True),
+    ((), ("/tmp/landlock-supervisor-10",), False),    # a sibling whose name is a prefix
+    ((), ("/tmp/landlock-supervisor-1000/socket-not",), False),   # inside, not holding it
+    ((), (), False),
+])
+def test_socket_writers(read_write, read_write_noexec, warned):
+    from types import SimpleNamespace
+
+    from supervisor.server import socket_writers
+    loaded = {"m": SimpleNamespace(spec=SimpleNamespace(read_write=read_write, read_write_noexec=read_write_noexec))}
+    assert bool(socket_writers("/tmp/landlock-supervisor-1000", loaded)) is warned   # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+@needs_root
+def test_a_grant_holding_the_socket_directory_is_warned(lab, places):
+    """A learned manifest's /tmp grant holds the fallback: under a user's
+    supervisor its server, the same uid, could put its own socket there."""
+    _, _, state = places
+    lab.manifest("scratch", command="/bin/true", sandbox={"profiles": ["system"], "read_write_noexec": ["/tmp"]})
+    proc = _serve_as_user(lab, state, CLIENT_ENV)
+    try:
+        assert wait_until(lambda: os.path.exists(f"{FALLBACK}/socket"), 15), _stop(proc)
+    finally:
+        err = _stop(proc)
+    warned = [line for line in err.splitlines() if "holds the socket's directory" in line]
+    assert len(warned) == 1 and "scratch: its grant of /tmp" in warned[0], err
+
+
 @pytest.mark.timeout(60)
 @needs_root
 @pytest.mark.parametrize("kind", ["root's", "another uid's", "mode 0755", "symlink"])
