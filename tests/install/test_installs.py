@@ -140,6 +140,8 @@ def install(house: House, mode: str) -> Installed:
             "pip install -e . compat": ["-e", str(house.src), "--config-settings", "editable_mode=compat"],
             "wheel": [str(house.wheel)]}[mode]
     _check(_run([str(venv / "bin" / "pip"), "install", "-q", *what], env=env, cwd=where))
+    hooks = list(venv.glob("lib/python3*/site-packages/__editable___*_finder.py"))
+    assert bool(hooks) is (mode == "pip install -e ."), hooks   # the import hook, in its mode alone
     return Installed(venv / "bin", venv / "bin" / "python")
 
 
@@ -213,6 +215,7 @@ def _exercise(inst: Installed, who: As, house: House) -> None:
         serve.terminate()
         _, err = serve.communicate(timeout=20)
     assert serve.returncode == 0 and "Traceback" not in err, err
+    assert "non-root uid can write" not in err, err   # every install here is root's
     # run, private.
     r = who.run([exe, "run", *root_args, "--manifests", str(house.manifests), "echo", "private"])
     assert (r.returncode, r.stdout) == (0, "confined private\n") and "Traceback" not in r.stderr, r
