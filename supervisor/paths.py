@@ -11,7 +11,7 @@ SOCKET_PATH_MAX = 107
 
 
 class SocketPathError(ConnectionError):
-    """The default socket's place cannot be trusted (or its path is too long)."""
+    """A socket path not to use: too long, or in a fallback directory that is not this user's own."""
 
 
 def _own_private_dir(path: str) -> bool:

@@ -9,9 +9,7 @@ import sys
 from collections.abc import Iterable
 
 from .interpreter import import_paths
-
-# What the supervisor and its fresh interpreters (zygote, private ones) import.
-MODULES = ("supervisor", "landlock", "yaml", "prctl", "_prctl")
+from .private_boot import IMPORTS   # what a supervisor imports, its zygote's included
 
 
 def writable_by_others(st: os.stat_result) -> bool:
@@ -27,7 +25,7 @@ def code_paths() -> list[str]:
     import landlock
     import supervisor
     packages = [os.path.dirname(os.path.abspath(str(package.__file__))) for package in (supervisor, landlock)]
-    return list(dict.fromkeys([os.path.realpath(sys.executable), *import_paths(MODULES), *packages]))
+    return list(dict.fromkeys([os.path.realpath(sys.executable), *import_paths(IMPORTS), *packages]))
 
 
 def unsafe(paths: Iterable[str]) -> list[str]:
