@@ -7,8 +7,9 @@ and as a plain uid, from an unrelated working directory: landlock-exec
 (flags and the Go wrapper protocol), check, serve with run (daemon) and
 denials, run (private), learn, and a proxy's supervisor.start().
 
-All of them run in every mode: about a minute on 2 cores (`-m install`
-selects this group alone)."""
+All of them run in every mode, no subset: 1.5-2.5 minutes on 2 shared
+cores, ~20 s of it the wheelhouse with pip's cache warm (`-m install`
+selects this group alone; scripts/bench_installs.py times `run` in each)."""
 from __future__ import annotations
 
 import contextlib
