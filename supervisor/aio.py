@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _client_core as core
-from .client import Client, connect_path
-from .paths import default_socket_path
+from .client import Client, connect_first
+from .paths import default_socket_paths
 
 
 async def _readable(sock: _socket.socket) -> None:
@@ -81,8 +81,8 @@ class AsyncClient:
     def __init__(self, socket_path: str | None = None, *,
                  connect: Callable[[], _socket.socket] | None = None) -> None:
         if connect is None:
-            path = socket_path or default_socket_path()
-            connect = lambda: connect_path(path)  # noqa: E731
+            paths = [socket_path] if socket_path else default_socket_paths()
+            connect = lambda: connect_first(paths)  # noqa: E731
         self._connect = connect
 
     @classmethod

@@ -195,12 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from . import client as clients
-    from .paths import NoDefaultSocket
+    from .paths import SocketPathError
     try:
         if args.command == "run":
             return _run(args, wakeup, private)
         reply = getattr(clients.Client(args.socket), args.command)()
-    except NoDefaultSocket as e:
+    except SocketPathError as e:
         return _fail(EXIT_USAGE, str(e))
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
@@ -224,7 +224,7 @@ def _warn_foreign_imports() -> None:
 def _serve(args: argparse.Namespace) -> int:
     import grp
 
-    from .paths import NoDefaultSocket, default_socket_path, default_state_root
+    from .paths import check_fallback, check_length, default_socket_path, default_state_root
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
@@ -244,9 +244,12 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, f"not starting: {e}")
     socket_path = args.socket
     if socket_path is None and listen_fd is None and args.control_fd is None:
+        socket_path = default_socket_path()
+    if socket_path is not None:
         try:
-            socket_path = default_socket_path()
-        except NoDefaultSocket as e:
+            check_length(socket_path)
+            check_fallback(socket_path, create=True)
+        except OSError as e:   # (SocketPathError among them)
             return _fail(EXIT_USAGE, str(e))
     numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
                "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}
@@ -277,6 +280,12 @@ def _serve(args: argparse.Namespace) -> int:
                     session_gids=session_gids if os.geteuid() == 0 else None, only=args.only,
                     dynamic_uids_of=args.dynamic_uids_of,
                     audit=args.audit, audit_nested=args.audit_nested)
+    if os.geteuid() == 0:
+        from .log import log
+        from .provenance import warning
+        line = warning()
+        if line:
+            log(line)
     try:
         supervisor = Supervisor(config, early)
     except (ManifestError, OSError) as e:

@@ -20,14 +20,14 @@ from . import _client_core as core
 from . import protocol
 from ._client_core import (ConfinementUnavailable, NoSuchManifest, RefusedPeer, SpawnFailed, SupervisorError,
                            error_from, shell_status)
-from .paths import default_socket_path
+from .paths import SocketPathError, check_fallback, check_length, default_socket_paths
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["Child", "Client", "ConfinementUnavailable", "NoSuchManifest", "RefusedPeer", "SpawnFailed",
-           "SupervisorError", "connect_path", "error_from", "shell_status"]
+           "SupervisorError", "connect_first", "connect_path", "error_from", "shell_status"]
 
 _REPLY_TIMEOUT = 10   # seconds: ping, list, stats, describe, signal, status, leaving a `with`
 
@@ -92,8 +92,9 @@ class Client:
                  connect: Callable[[], _socket.socket] | None = None) -> None:
         self.socket_path: str | None = None
         if connect is None:
-            self.socket_path = path = socket_path or default_socket_path()
-            connect = lambda: connect_path(path)  # noqa: E731
+            self.socket_path = socket_path
+            paths = [socket_path] if socket_path else default_socket_paths()
+            connect = lambda: connect_first(paths)  # noqa: E731
         self._connect = connect
 
     def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
@@ -144,10 +145,26 @@ class Client:
 
 def connect_path(path: str) -> _socket.socket:
     """A connection to the supervisor's socket at `path`."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
-    try:
-        sock.connect(path)
-    except OSError as e:
-        sock.close()
-        raise ConnectionError(f"cannot reach the supervisor at {path}: {e.strerror}") from None
-    return sock
+    return connect_first([path])
+
+
+def connect_first(paths: Sequence[str]) -> _socket.socket:
+    """A connection to the first of these sockets that answers (a socket
+    path too long, or in a fallback directory not this user's own: an error
+    of its own, SocketPathError)."""
+    failures = []
+    for path in paths:
+        check_length(path)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+        try:
+            check_fallback(path, create=False)
+            sock.connect(path)
+        except SocketPathError:
+            sock.close()
+            raise
+        except OSError as e:
+            sock.close()
+            failures.append(f"{path}: {e.strerror}")
+        else:
+            return sock
+    raise ConnectionError("cannot reach the supervisor at " + "; nor at ".join(failures))

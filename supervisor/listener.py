@@ -1,6 +1,7 @@
 """The listening socket: taken from systemd, or bound in a directory checked to be safe, and removed at the end."""
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import stat
@@ -15,10 +16,17 @@ def inherited(fd: int) -> socket.socket:
     return sock
 
 
-def bound(path: str, open_to_others: bool) -> socket.socket:
-    """A socket listening on path (mode 0666 when other uids may connect, else 0600)."""
+def bound(path: str, open_to_others: bool) -> tuple[socket.socket, int]:
+    """A socket listening on path (mode 0666 when other uids may connect,
+    else 0600), and the fd holding the lock file beside it: close it only
+    once the socket is removed."""
     _socket_directory(os.path.dirname(path) or ".", open_to_others)
-    _clear_stale(path)
+    lock = _locked(path)
+    try:
+        _clear_stale(path)
+    except BaseException:
+        os.close(lock)
+        raise
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     old = os.umask(0o177)
     try:
@@ -27,7 +35,31 @@ def bound(path: str, open_to_others: bool) -> socket.socket:
         os.umask(old)
     os.chmod(path, 0o666 if open_to_others else 0o600)
     sock.listen(128)
-    return sock
+    return sock, lock
+
+
+def _locked(socket_path: str) -> int:
+    """The lock file beside the socket, flocked: held while serving, so that an existing
+    socket is replaced only when no supervisor holds it (a connect cannot
+    tell a supervisor on another host sharing the directory from a stale
+    socket; its lock it can)."""
+    path = socket_path + ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise SystemExit(f"landlock-supervisor: cannot open the lock file {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SystemExit(f"landlock-supervisor: {path} exists and is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"landlock-supervisor: another supervisor is listening on {socket_path} "
+                         f"(it holds {path}; here, or on another host sharing the directory)") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def remove(path: str) -> None:

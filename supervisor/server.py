@@ -67,6 +67,23 @@ class Config:
     audit_nested: bool = False      # the servers' own Landlock domains log their denials too
 
 
+def socket_writers(directory: str, loaded: dict[str, Manifest]) -> list[str]:
+    """A warning for each manifest whose write grants hold the socket's
+    directory: under a user's supervisor its server (the same uid) could
+    replace the socket and be sent later clients' requests, their
+    client_env and fds (a learned manifest's /tmp grant holds the fallback)."""
+    real = os.path.realpath(directory)
+    out = []
+    for name, manifest in sorted(loaded.items()):
+        for path in (*manifest.spec.read_write, *manifest.spec.read_write_noexec):
+            if real == os.path.realpath(path) or real.startswith(os.path.realpath(path).rstrip("/") + "/"):
+                out.append(f"warning: {name}: its grant of {path} holds the socket's directory {directory}: its "
+                           "server can replace the socket and be sent later clients' requests; give serve "
+                           "--socket a path outside its grants")
+                break
+    return out
+
+
 class Supervisor:
     def __init__(self, config: Config, early: tuple[namespaces.Isolation | None, Booting] | None = None) -> None:
         """early: prepare()'s isolation and a zygote spawned after it, not
@@ -80,6 +97,7 @@ class Supervisor:
         self.stats = {"spawned": 0, "refused": 0, "failed": 0, "exited": 0, "reaped_orphans": 0}
         self.stopping = False
         self.owned_socket_path: str | None = None   # bound here: removed at the end
+        self.socket_lock: int | None = None          # its lock file's fd, closed once it is removed
         self.isolation: namespaces.Isolation | None = early[0] if early else None
         self.booting: Booting | None = early[1] if early else None
         self.confinements = Confinements()
@@ -192,8 +210,11 @@ class Supervisor:
             sock = listener.inherited(self.config.listen_fd)
         else:
             path = self.config.socket_path or default_socket_path()
-            sock = listener.bound(path, bool(self.config.allow_uids or self.config.allow_gids))
+            sock, self.socket_lock = listener.bound(path, bool(self.config.allow_uids or self.config.allow_gids))
             self.config.socket_path = self.owned_socket_path = path
+            if os.geteuid() != 0:   # (a root supervisor's servers have uids of their own, or no capability)
+                for line in socket_writers(os.path.dirname(path), self.manifests):
+                    log(line)
         self.connections.listen(sock)
 
     def _on_signals(self, received: set[int]) -> None:
@@ -229,6 +250,9 @@ class Supervisor:
         if self.owned_socket_path:
             listener.remove(self.owned_socket_path)
             self.owned_socket_path = None
+        if self.socket_lock is not None:
+            os.close(self.socket_lock)
+            self.socket_lock = None
 
     def _finish(self) -> None:
         self.children.end_descendants()

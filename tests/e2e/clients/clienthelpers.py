@@ -14,6 +14,9 @@ its own daemon:
   home; its daemon is `serve` with no --socket, so that both `serve` and
   `run` find the socket there with no XDG_RUNTIME_DIR (clients drop it);
   private mode uses the default state root under its HOME.
+- user-noruntime: another such uid without /run/user/UID (su -, ssh
+  without logind, containers, CI): `serve` and `run` meet in the fallback,
+  /tmp/landlock-supervisor-UID/socket, with the same client configs.
 
 Every client runs with only HOME, LOGNAME, PATH, SHELL, TERM, USER (what the
 SDKs pass on) plus the config's `env`. The npm and uv caches are seeded into
@@ -104,7 +107,9 @@ def free_uid() -> int:
 class Identity:
     """Files, a daemon and the client environment of root or of a plain uid."""
 
-    def __init__(self, kind: str, root: Path, uid: int) -> None:
+    def __init__(self, kind: str, root: Path, uid: int, runtime: bool = True) -> None:
+        """runtime=False: a plain uid without /run/user/UID (su -, ssh without
+        logind, containers, CI): its daemon's socket is the fallback in /tmp."""
         self.kind, self.dir, self.uid = kind, root, uid
         self.home = root / "home" if uid else Path("/root")
         self.projects = root / "projects"
@@ -114,8 +119,10 @@ class Identity:
         # Private mode: root gets --state-root; the user its default, under HOME.
         self.private_state = (root / "private-state" if uid == 0
                               else self.home / ".local" / "state" / "landlock-supervisor")
-        self.runtime = Path(f"/run/user/{uid}") if uid else None
-        self.socket = root / "run" / "sock" if uid == 0 else self.runtime / "landlock-supervisor" / "socket"
+        self.runtime = Path(f"/run/user/{uid}") if uid and runtime else None
+        self.socket = (root / "run" / "sock" if uid == 0
+                       else self.runtime / "landlock-supervisor" / "socket" if self.runtime
+                       else Path(f"/tmp/landlock-supervisor-{uid}/socket"))
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = root / "daemon.log"
 
@@ -135,8 +142,9 @@ class Identity:
             self.home.chmod(0o700)
             for p in (self.home, self.projects, self.repo, self.daemon_state):
                 subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", str(p)], check=True)
-            self.runtime.mkdir(mode=0o700)
-            os.chown(self.runtime, self.uid, self.uid)
+            if self.runtime is not None:
+                self.runtime.mkdir(mode=0o700)
+                os.chown(self.runtime, self.uid, self.uid)
 
     def client_env(self, path: str = PATH) -> dict[str, str]:
         """What an MCP client gives its servers (besides the config's env)."""
@@ -228,8 +236,8 @@ class Identity:
         return out
 
     def remove(self) -> None:
-        if self.runtime is not None:
-            shutil.rmtree(self.runtime, ignore_errors=True)
+        if self.uid:
+            shutil.rmtree(self.socket.parent if self.runtime is None else self.runtime, ignore_errors=True)
         if not os.environ.get("LLSV_KEEP_E2E"):
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -22,7 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a client test of several seconds (deselect with -m 'not slow')")
 
 
-def _identity(kind: str, uid: int, allow_uid: int | None = None) -> Iterator[Identity]:
+def _identity(kind: str, uid: int, allow_uid: int | None = None, runtime: bool = True) -> Iterator[Identity]:
     if os.geteuid() != 0:
         pytest.skip("the client tests switch uids: run them as root (scripts/test does)")
     problem = servers_problem() or clients_problem()
@@ -32,7 +32,7 @@ def _identity(kind: str, uid: int, allow_uid: int | None = None) -> Iterator[Ide
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.statvfs("/dev/shm").f_flag & os.ST_NOEXEC else "/tmp"
     root = Path(tempfile.mkdtemp(prefix=f"llsv-clients-{kind}-", dir=base))
     root.chmod(0o755)
-    ident = Identity(kind, root, uid)
+    ident = Identity(kind, root, uid, runtime)
     try:
         ident.build()
         ident.start_daemon(allow_uid)
@@ -71,9 +71,18 @@ def user_identity(plain_uid: int) -> Iterator[Identity]:
 
 
 @pytest.fixture(scope="session")
+def noruntime_identity(plain_uid: int) -> Iterator[Identity]:
+    uid = free_uid()
+    while uid == plain_uid:
+        uid = free_uid()
+    yield from _identity("user-noruntime", uid, runtime=False)
+
+
+@pytest.fixture(scope="session")
 def identities(request: pytest.FixtureRequest) -> Mapping[str, Any]:
     return {"root": lambda: request.getfixturevalue("root_identity"),
-            "user": lambda: request.getfixturevalue("user_identity")}
+            "user": lambda: request.getfixturevalue("user_identity"),
+            "user-noruntime": lambda: request.getfixturevalue("noruntime_identity")}
 
 
 @pytest.fixture(scope="session")

@@ -67,12 +67,17 @@ def calls_for(name: str, served: Identity, env: dict[str, str]) -> list[dict[str
 SNIPPETS = snippets()
 
 
+# The user's configs again for a user without a runtime directory: unchanged.
+RUNS = [(i, who, mode) for i, (who, mode, _) in enumerate(SNIPPETS)] + \
+    [(i, "user-noruntime", mode) for i, (who, mode, _) in enumerate(SNIPPETS)
+     if who == "user" and mode in ("daemon", "private")]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("index", range(len(SNIPPETS)),
-                         ids=[f"{i}-{w}-{m}" for i, (w, m, _) in enumerate(SNIPPETS)])
-def test_readme_config_runs(identities: Any, index: int) -> None:
-    who, mode, data = SNIPPETS[index]
+@pytest.mark.parametrize("index, who, mode", RUNS, ids=[f"{i}-{w}-{m}" for i, w, m in RUNS])
+def test_readme_config_runs(identities: Any, index: int, who: str, mode: str) -> None:
+    data = SNIPPETS[index][2]
     client = identities[who]()
     root = identities["root"]()
     served = root if mode == "root-daemon" or who == "root" else client
@@ -89,7 +94,7 @@ def test_readme_config_runs(identities: Any, index: int) -> None:
         sessions[key] = {"command": localize(entry["command"], served, root), "args": args, "env": env,
                          "calls": calls_for(name, served, env), "_name": name}
     spec = {"timeout": TIMEOUT, "sessions": sessions}
-    path = client.dir / f"readme-{index}.json"
+    path = client.dir / f"readme-{index}-{who}.json"
     path.write_text(json.dumps(spec))
     path.chmod(0o644)
     p = run_client(client, [str(CLIENTS / "py" / "bin" / "python"), str(HERE / "driver.py"), str(path)],
