@@ -75,7 +75,8 @@ def test_state_symlink_swap(lab, ident):
     assert "npxlike.yaml: refused" in sv.log()
     assert os.lstat(secret).st_uid == 0 and os.lstat(secret / "key").st_uid == 0
     sv.stop()
-    lab.start()   # and it starts with the link there
+    lab.manifest("true", command="/bin/true")   # (with nothing else to serve it would not start)
+    assert "true" in lab.start().client.list()["manifests"]   # and it starts with the link there
 
 
 @case("allow-root-refused")
