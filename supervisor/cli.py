@@ -10,8 +10,11 @@ import sys
 # after the arguments are parsed, and `run` imports its client beside it.
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .client import Child, Client
     from .private_boot import Booting
+    from .relay import Relay
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
@@ -129,11 +132,17 @@ class _Help(argparse.HelpFormatter):
         super().__init__(prog, width=int(columns) - 2)
 
 
+_EXIT_STATUS = (f"Exit status: 0 done; 1 the environment or the supervisor failed; {EXIT_USAGE} usage or "
+                f"input (arguments, manifests, a name not served); {EXIT_UNAVAILABLE} confinement unavailable; "
+                f"{EXIT_EXEC_FAILED} the server could not be started; otherwise `run` exits as its server did "
+                "and `learn` as its --help says. A failure is one line on stderr: what, and where.")
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the arguments of `command` alone when it is
     one of ours: declaring all of them (learn's module included) took ~4 ms
     of every start, twice in private mode."""
-    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=_Help,
+    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=_Help, epilog=_EXIT_STATUS,
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
     socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
@@ -185,16 +194,30 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import client as clients
     from .paths import NoDefaultSocket
+    from .protocol import ProtocolError
     try:
         if args.command == "run":
             return _run(args, wakeup, private)
         reply = getattr(clients.Client(args.socket), args.command)()
     except NoDefaultSocket as e:
         return _fail(EXIT_USAGE, str(e))
+    except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
+        return _fail(1, f"{_supervisor_of(args)} sent a malformed reply: {e}")
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
+
+
+def _supervisor_of(args: argparse.Namespace) -> str:
+    """Which supervisor a client command talked to, for its one line."""
+    if getattr(args, "manifests", None):
+        return "the private supervisor"
+    from .paths import NoDefaultSocket, default_socket_path
+    try:
+        return f"the supervisor at {args.socket or default_socket_path()}"
+    except NoDefaultSocket:
+        return "the supervisor"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -305,6 +328,15 @@ def _client_env(name: str, takes: list[str]) -> dict[str, str]:
     return passed
 
 
+def _takes(described: dict[str, Any]) -> list[str]:
+    """A `described` reply's client_env names; a reply without them is no supervisor's."""
+    takes = described.get("client_env")
+    if not isinstance(takes, list) or not all(isinstance(name, str) for name in takes):
+        from .protocol import ProtocolError
+        raise ProtocolError(f"a 'described' reply without its list of client_env names: {str(described)[:200]}")
+    return takes
+
+
 def _cwd_for(args: list[str]) -> str | None:
     """Our cwd, when an argument is relative to it (`.`, `./x`, `../x`):
     the server runs in its manifest's cwd, and a project-scoped MCP config
@@ -340,6 +372,20 @@ def _tell_denials_summary(name: str, child: Child, status: int) -> None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
 
 
+def _relay_until_exit(name: str, child: Child, r: int, relay: Relay) -> dict[str, Any]:
+    """The stdio relayed and signals forwarded until the `exited` event, which it returns."""
+    while child.exited is None:
+        ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
+        if r in ready:
+            for number in os.read(r, 64):   # the wakeup fd: one byte a signal
+                child.signal(number, wait=False)
+        relay.handle(ready, writable)
+        if child.fileno() in ready:
+            child.poll()
+            _tell_denied(name, child)
+    return child.exited
+
+
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP (r: their wakeup fd),
     exit as the child did."""
@@ -359,7 +405,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     try:
         try:
             stdin, stdout, stderr = relay.child_fds
-            env.update(_client_env(args.name, client.describe(args.name)["client_env"]))
+            env.update(_client_env(args.name, _takes(client.describe(args.name))))
             child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
                                  cwd=_cwd_for(extra))
         except clients.NoSuchManifest as e:
@@ -372,22 +418,17 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             return _fail(EXIT_USAGE if e.code in USAGE_CODES else 1, str(e))
         finally:
             relay.started()
-        while child.exited is None:
-            ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
-            if r in ready:
-                for number in os.read(r, 64):   # the wakeup fd: one byte a signal
-                    child.signal(number, wait=False)
-            relay.handle(ready, writable)
-            if child.fileno() in ready:
-                child.poll()
-                _tell_denied(args.name, child)
+        try:
+            exited = _relay_until_exit(args.name, child, r, relay)
+        except (OSError, clients.SupervisorError) as e:   # (killed, say): no exit status to give
+            return _fail(1, f"{args.name}: lost {_supervisor_of(args)} while it ran: {e}")
         relay.drain()
         _tell_denied(args.name, child)
-        if child.exited.get("reason") == "shutdown":
+        if exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.
             print(f"landlock-supervisor: {args.name} was stopped: the supervisor is shutting down",
                   file=sys.stderr, flush=True)
-        status = clients.shell_status(child.exited)
+        status = clients.shell_status(exited)
         _tell_denials_summary(args.name, child, status)
         return status
     finally:

@@ -62,13 +62,22 @@ def summary(name: str, denials: Mapping[str, Any], visibility: Mapping[str, Any]
 def main(args: argparse.Namespace) -> int:
     """`landlock-supervisor denials [--follow] [--json]`."""
     from . import client as clients
-    client = clients.Client(args.socket)
+    from .paths import NoDefaultSocket
+    from .protocol import ProtocolError
+    try:
+        client = clients.Client(args.socket)
+    except NoDefaultSocket as e:
+        print(PREFIX + str(e), file=sys.stderr)
+        return 2
     try:
         if args.follow:
             for message in client.follow_denials():
                 _show(message, args.json)
         else:
             _show(client.denials(), args.json)
+    except ProtocolError as e:
+        print(f"{PREFIX}the supervisor at {client.socket_path} sent a malformed reply: {e}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         print(PREFIX + str(e), file=sys.stderr)
         return 1

@@ -163,6 +163,18 @@ class Supervisor:
             self.zygote.start(booting)  # after prepare(): it inherits what that did
         except OSError as e:
             raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
+        try:
+            self._open()
+        except OSError as e:   # the state root, the socket's directory: one line, what and where
+            self.zygote.close()
+            self.visibility.close()
+            raise SystemExit(f"landlock-supervisor: not starting: {e.filename or ''}: {e.strerror or e}") from None
+        self.loop.run(lambda: self.stopping and not self.children.sessions)
+        self._finish()
+        return 0
+
+    def _open(self) -> None:
+        """The sessions a previous supervisor left, then the way in."""
         self.children.records.end_survivors(log)
         self.loop.catch(CAUGHT_SIGNALS, self._on_signals)
         if self.config.control_fd is not None:
@@ -174,9 +186,6 @@ class Supervisor:
             self._listen()
             where = self.config.socket_path or "the socket systemd passed"
             log(f"serving {len(self.manifests)} manifest(s) on {where}")
-        self.loop.run(lambda: self.stopping and not self.children.sessions)
-        self._finish()
-        return 0
 
     def _listen(self) -> None:
         if self.config.listen_fd is not None:
