@@ -86,9 +86,15 @@ def shell_lines(network: bool) -> list[str]:
             for c in cs if not _skipped(c)]
 
 
+def _use() -> list[str]:
+    """The Use section's lines (the block with `serve ... &`), run from the checkout."""
+    use = next(cs for lang, cs in blocks() if lang == "sh" and any(c.rstrip().endswith("&") for c in cs))
+    return [c for c in use if not _skipped(c)]
+
+
 def _use_prelude() -> list[str]:
     """The Use section's lines up to and with `serve ... &`: what the others need."""
-    use = next(cs for lang, cs in blocks() if lang == "sh" and any("serve" in c for c in cs))
+    use = _use()
     return use[:next(i for i, c in enumerate(use) if c.rstrip().endswith("&")) + 1]
 
 
@@ -214,9 +220,9 @@ def _assert_ran(commands: list[str], statuses: dict[int, int], out: str) -> None
 def test_readme_lines_run_as_written(shell: Shell) -> None:
     """The Use section's lines, the proxy snippet (both ways it offers), and
     every other line that needs no registry, after the Use section's `serve &`."""
-    prelude = _use_prelude()
-    rest = [c for c in shell_lines(False) if c not in prelude]
-    commands = [*prelude, *_python_lines(shell), *_elsewhere(rest)]
+    use = _use()
+    rest = [c for c in shell_lines(False) if c not in use]
+    commands = [*use, *_python_lines(shell), *_elsewhere(rest)]
     statuses, out = shell.run(commands, timeout=200)
     _assert_ran(commands, statuses, out)
     assert (shell.home / "projects").is_dir()
