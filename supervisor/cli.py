@@ -62,6 +62,8 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME",
                      help="pass NAME from this environment (the manifest must list it in client_env)")
     run.add_argument("--state-root", metavar="DIR")
+    run.add_argument("--verbose", action="store_true",
+                     help="name every variable of this environment not passed to the server (else a few)")
     run.add_argument("--allow-root-servers", action="store_true",
                      help="for the private supervisor of --manifests: " + _ROOT_HELP)
     run.add_argument("name")
@@ -308,33 +310,39 @@ def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
     return clients.Client(args.socket)
 
 
-# What every client's environment holds: not worth a word when not passed.
+# What every client's environment holds, and a shell's own: not worth a word when not passed.
 _STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
+                           "OLDPWD", "PS1", "COLUMNS", "LINES", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
                            "LANDLOCK_SUPERVISOR_SOCKET"})   # (the last is ours)
 _STANDARD_PREFIXES = ("LC_", "XDG_")
+_NAMED = 3   # dropped variables named in the line; the rest counted (all of them with --verbose)
 
 
-def _client_env(name: str, takes: list[str]) -> dict[str, str]:
+def _client_env(name: str, described: dict[str, Any], verbose: bool) -> dict[str, str]:
     """The variables of ours that the manifest takes from clients (an MCP
-    client config's `env`: GITHUB_TOKEN...); the names of the others, bar
-    the standard ones, said on stderr: a secret dropped silently is a
-    server that fails for no visible reason."""
+    client config's `env`: GITHUB_TOKEN...); the names of the others said on
+    stderr, bar the standard ones and those the manifest reads from the
+    supervisor's environment (its ${VAR}s, inherit_env): a secret dropped
+    silently is a server that fails for no visible reason."""
+    takes, uses = _names(described, "client_env"), _names(described, "uses", required=False)
     passed = {k: os.environ[k] for k in takes if k in os.environ}
-    kept = sorted(k for k in os.environ if k not in passed and k not in _STANDARD_ENV
-                  and not k.startswith(_STANDARD_PREFIXES))
-    if kept:
-        print(f"landlock-supervisor: not passed to {name} (not in its client_env): {', '.join(kept)}",
+    dropped = sorted(k for k in os.environ if k not in passed and k not in uses and k not in _STANDARD_ENV
+                     and not k.startswith(_STANDARD_PREFIXES))
+    if dropped:
+        shown = dropped if verbose or len(dropped) <= _NAMED + 1 else dropped[:_NAMED]
+        more = f" and {len(dropped) - len(shown)} more (run --verbose names them)" if len(shown) < len(dropped) else ""
+        print(f"landlock-supervisor: not passed to {name} (not in its client_env): {', '.join(shown)}{more}",
               file=sys.stderr, flush=True)
     return passed
 
 
-def _takes(described: dict[str, Any]) -> list[str]:
-    """A `described` reply's client_env names; a reply without them is no supervisor's."""
-    takes = described.get("client_env")
-    if not isinstance(takes, list) or not all(isinstance(name, str) for name in takes):
+def _names(described: dict[str, Any], key: str, required: bool = True) -> list[str]:
+    """A `described` reply's list of names; a reply without them is no supervisor's."""
+    names = described.get(key, None if required else [])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         from .protocol import ProtocolError
-        raise ProtocolError(f"a 'described' reply without its list of client_env names: {str(described)[:200]}")
-    return takes
+        raise ProtocolError(f"a 'described' reply without its list of {key} names: {str(described)[:200]}")
+    return names
 
 
 def _cwd_for(args: list[str]) -> str | None:
@@ -405,7 +413,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     try:
         try:
             stdin, stdout, stderr = relay.child_fds
-            env.update(_client_env(args.name, _takes(client.describe(args.name))))
+            env.update(_client_env(args.name, client.describe(args.name), args.verbose))
             child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
                                  cwd=_cwd_for(extra))
         except clients.NoSuchManifest as e:

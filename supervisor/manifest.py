@@ -64,6 +64,7 @@ class Manifest:
     runs_as_root: bool = False       # a root supervisor runs it as uid 0 (allow_root, or a user of uid 0)
     credentials: privileges.Credentials | None = None   # of spec.user and spec.group, looked up once at load
     quiet_denials: tuple[str, ...] = ()   # its profiles' harmless denials (profiles.Fragment.quiet)
+    variables: frozenset[str] = frozenset()   # the ${VAR}s it expands (from the supervisor's environment)
 
     def environment(self, supervisor_env: Mapping[str, str],
                     client_env: Mapping[str, str] = {}) -> dict[str, str]:
@@ -124,7 +125,7 @@ class _Loader:
     def load(self) -> Manifest:
         top = self.top
         name = self._name()
-        self._all_variables_set()
+        variables = self._all_variables_set()
         state_dir, area = self._state_dir(name)
         inherit_env = top.strings("inherit_env")
         manifest_env = {k: self.expand(f"env.{k}", v) for k, v in top.mapping("env").items()}
@@ -144,6 +145,7 @@ class _Loader:
                         warnings=self._warnings(fragment, spec, user, command, self.state_root), area=area,
                         dynamic=dynamic,
                         uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),
+                        variables=variables - {"STATE_DIR"},
                         runs_as_root=self.as_root and (allow_root or (creds is not None and creds.uid == 0)))
 
     def _name(self) -> str:
@@ -152,15 +154,15 @@ class _Loader:
             self.top.fail("name", f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; at most 64)")
         return name
 
-    def _all_variables_set(self) -> None:
-        """Every ${VAR} the manifest expands that the environment lacks, in
-        one error: not one per attempt."""
+    def _all_variables_set(self) -> frozenset[str]:
+        """The ${VAR}s the manifest expands; every one the environment lacks
+        in one error, not one per attempt."""
         data = self.data if isinstance(self.data, dict) else {}
         sandbox, env = (_mapping(data.get(key)) for key in ("sandbox", "env"))
         texts = [("command", data.get("command")), ("cwd", data.get("cwd")), ("state_dir", data.get("state_dir")),
                  *_items("args", data.get("args")), *((f"env.{k}", v) for k, v in env.items()),
                  *(item for cls in PATH_CLASSES for item in _items(f"sandbox.{cls}", sandbox.get(cls)))]
-        self.expand.all_set(texts, {"STATE_DIR"} if data.get("state_dir") else set())
+        return self.expand.all_set(texts, {"STATE_DIR"} if data.get("state_dir") else set())
 
     def _state_dir(self, name: str) -> tuple[str | None, str | None]:
         """(state dir, area); STATE_DIR set for what is expanded after."""

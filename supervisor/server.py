@@ -312,7 +312,10 @@ class Supervisor:
         # What a client may give it: `run` passes the client_env names it
         # has (an MCP client config's `env`), and says which it keeps.
         self.connections.send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
-                                     "client_args": m.client_args})
+                                     "client_args": m.client_args,
+                                     # What it reads from the supervisor's environment (in private mode,
+                                     # run's): `run` does not call them dropped.
+                                     "uses": sorted(m.variables | set(m.inherit_env))})
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their
