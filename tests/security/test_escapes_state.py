@@ -79,6 +79,29 @@ def test_state_symlink_swap(lab, ident):
     assert "true" in lab.start().client.list()["manifests"]   # and it starts with the link there
 
 
+@case("broken-reload-keeps-grant")
+@pytest.mark.timeout(40)
+def test_a_broken_reload_keeps_no_grant(lab):
+    """A manifest whose secret directory was granted is narrowed with a typo
+    and reloaded: it is withdrawn, not kept in its old, wider version; fixed,
+    it serves the narrowed grant."""
+    _, secret = _world(lab, AS_UID, "narrowed")   # (bin/ and secret/; its manifest is replaced below)
+    bin_dir = lab.dir / "bin"
+    wide = {"profiles": ["system"], "read_only_noexec": [str(bin_dir), str(secret)]}
+    path = probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID, sandbox=wide)
+    sv = lab.start()
+    assert attack(sv.client, "narrowed", [["read", str(secret / "key")]])[0]["ok"]
+    probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID,
+                   sandbox={"profiles": ["system"], "read_only_noexec": str(bin_dir)})   # a list without its [ ]
+    _reload(sv)
+    with pytest.raises(NoSuchManifest, match=f"manifest 'narrowed' is not served: {path}: sandbox.read_only_noexec"):
+        attack(sv.client, "narrowed", [["read", str(secret / "key")]])
+    probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID,
+                   sandbox={"profiles": ["system"], "read_only_noexec": [str(bin_dir)]})
+    _reload(sv)
+    assert attack(sv.client, "narrowed", [["read", str(secret / "key")]]).errname(0) == "EACCES"
+
+
 @case("allow-root-refused")
 @pytest.mark.timeout(30)
 def test_allow_root_refused_without_the_option(lab):
