@@ -460,7 +460,7 @@ def unknown_name(name: object, names: Iterable[str], where: str = "") -> str:
     """No manifest of that name: the names there are, and the nearest one."""
     names = sorted(names)
     if not names:
-        return f"no manifest named {name!r}{where}: there is none"
+        return f"no manifest named {name!r}{where}; there are none"
     listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     import difflib
     near = difflib.get_close_matches(name, names, n=1, cutoff=0.6) if isinstance(name, str) else []

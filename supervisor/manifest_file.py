@@ -207,7 +207,6 @@ class Expander:
             text = home + text[1:]
         return text
 
-
     def all_set(self, texts: Iterable[tuple[str, Any]], known: set[str]) -> frozenset[str]:
         """(key, text) pairs: the ${VAR}s they use; fail naming every one that is unset."""
         unset: dict[str, str] = {}

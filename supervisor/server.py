@@ -168,7 +168,8 @@ class Supervisor:
         except OSError as e:   # the state root, the socket's directory: one line, what and where
             self.zygote.close()
             self.visibility.close()
-            raise SystemExit(f"landlock-supervisor: not starting: {e.filename or ''}: {e.strerror or e}") from None
+            where = f"{e.filename}: " if e.filename else ""
+            raise SystemExit(f"landlock-supervisor: not starting: {where}{e.strerror or e}") from None
         self.loop.run(lambda: self.stopping and not self.children.sessions)
         self._finish()
         return 0
