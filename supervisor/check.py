@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import landlock
 from landlock import audit as landlock_audit
 
 from . import audit, dac, ids, namespaces, profiles
 from .denied import clean
-from .manifest import Manifest, ManifestError, load, load_all, writable_grants, writable_holding
+from .manifest import Broken, Manifest, load_each, writable_grants, writable_holding
 
 from landlock.ruleset import inside_writable
 
@@ -189,17 +190,24 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from .paths import default_state_root
     state_root = args.state_root or default_state_root()
-    try:
-        found = list(load_all(args.manifests, state_root=state_root).values()) if args.manifests else []
-        found += [load(p, state_root=state_root) for p in args.manifest]
-    except ManifestError as e:
-        print(f"landlock-supervisor: {e}")
-        return 2
+    loaded, broken = load_each([*args.manifests, *args.manifest], state_root=state_root)
+    found = list(loaded.values())
     kernel = kernel_summary()
     cross = cross_warnings(found)
     entries = [describe(m, cross[m.name]) for m in found]
     if args.json:
-        print(json.dumps({"kernel": kernel, "manifests": entries}, indent=2, sort_keys=True))
+        print(json.dumps({"kernel": kernel, "manifests": entries, "broken": [vars(b) for b in broken]},
+                         indent=2, sort_keys=True))
     else:
         _print(kernel, entries)
+        _print_broken(broken)
+    if broken:
+        print(f"landlock-supervisor: {len(broken)} manifest(s) do not load, and a supervisor would not serve "
+              f"them: {', '.join(b.source for b in broken)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _print_broken(broken: list[Broken]) -> None:
+    for b in broken:
+        print(f"\n{b.name} ({b.source})\n  BROKEN, not served: {b.error}")

@@ -10,9 +10,12 @@ import sys
 # after the arguments are parsed, and `run` imports its client beside it.
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .client import Child, Client
     from .journal import Journal
     from .private_boot import Booting
+    from .relay import Relay
 
 EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
@@ -64,6 +67,8 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME",
                      help="pass NAME from this environment (the manifest must list it in client_env)")
     run.add_argument("--state-root", metavar="DIR")
+    run.add_argument("--verbose", action="store_true",
+                     help="name every variable of this environment not passed to the server (else a few)")
     run.add_argument("--allow-root-servers", action="store_true",
                      help="for the private supervisor of --manifests: " + _ROOT_HELP)
     run.add_argument("name")
@@ -139,11 +144,17 @@ class _Help(argparse.HelpFormatter):
         super().__init__(prog, width=int(columns) - 2)
 
 
+_EXIT_STATUS = (f"Exit status: 0 done; 1 the environment or the supervisor failed; {EXIT_USAGE} usage or "
+                f"input (arguments, manifests, a name not served); {EXIT_UNAVAILABLE} confinement unavailable; "
+                f"{EXIT_EXEC_FAILED} the server could not be started; otherwise `run` exits as its server did "
+                "and `learn` as its --help says. A failure is one line on stderr: what, and where.")
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the arguments of `command` alone when it is
     one of ours: declaring all of them (learn's module included) took ~4 ms
     of every start, twice in private mode."""
-    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=_Help,
+    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=_Help, epilog=_EXIT_STATUS,
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
     socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
@@ -196,12 +207,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import client as clients
     from .paths import SocketPathError
+    from .protocol import ProtocolError
     try:
         if args.command == "run":
             return _run(args, wakeup, private)
         reply = getattr(clients.Client(args.socket), args.command)()
     except SocketPathError as e:
         return _fail(EXIT_USAGE, str(e))
+    except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
+        return _fail(1, f"{_supervisor_of(args)} sent a malformed reply: {e}")
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
@@ -219,6 +233,14 @@ def _warn_foreign_imports() -> None:
         print(f"landlock-supervisor: warning: imports from the working directory or PYTHONPATH "
               f"({clean(', '.join(p or '.' for p in foreign))}): code there runs as this client; in an MCP "
               "client config start the landlock-supervisor command, without PYTHONPATH", file=sys.stderr, flush=True)
+
+
+def _supervisor_of(args: argparse.Namespace) -> str:
+    """Which supervisor a client command talked to, for its one line."""
+    if getattr(args, "manifests", None):
+        return "the private supervisor"
+    from .paths import default_socket_path
+    return f"the supervisor at {args.socket or default_socket_path()}"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -319,24 +341,39 @@ def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
     return clients.Client(args.socket)
 
 
-# What every client's environment holds: not worth a word when not passed.
+# What every client's environment holds, and a shell's own: not worth a word when not passed.
 _STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
+                           "OLDPWD", "PS1", "COLUMNS", "LINES", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
                            "LANDLOCK_SUPERVISOR_SOCKET"})   # (the last is ours)
 _STANDARD_PREFIXES = ("LC_", "XDG_")
+_NAMED = 3   # dropped variables named in the line; the rest counted (all of them with --verbose)
 
 
-def _client_env(name: str, takes: list[str]) -> dict[str, str]:
+def _client_env(name: str, described: dict[str, Any], verbose: bool) -> dict[str, str]:
     """The variables of ours that the manifest takes from clients (an MCP
-    client config's `env`: GITHUB_TOKEN...); the names of the others, bar
-    the standard ones, said on stderr: a secret dropped silently is a
-    server that fails for no visible reason."""
+    client config's `env`: GITHUB_TOKEN...); the names of the others said on
+    stderr, bar the standard ones and those the manifest reads from the
+    supervisor's environment (its ${VAR}s, inherit_env): a secret dropped
+    silently is a server that fails for no visible reason."""
+    takes, uses = _names(described, "client_env"), _names(described, "uses", required=False)
     passed = {k: os.environ[k] for k in takes if k in os.environ}
-    kept = sorted(k for k in os.environ if k not in passed and k not in _STANDARD_ENV
-                  and not k.startswith(_STANDARD_PREFIXES))
-    if kept:
-        print(f"landlock-supervisor: not passed to {name} (not in its client_env): {', '.join(kept)}",
+    dropped = sorted(k for k in os.environ if k not in passed and k not in uses and k not in _STANDARD_ENV
+                     and not k.startswith(_STANDARD_PREFIXES))
+    if dropped:
+        shown = dropped if verbose or len(dropped) <= _NAMED + 1 else dropped[:_NAMED]
+        more = f" and {len(dropped) - len(shown)} more (run --verbose names them)" if len(shown) < len(dropped) else ""
+        print(f"landlock-supervisor: not passed to {name} (not in its client_env): {', '.join(shown)}{more}",
               file=sys.stderr, flush=True)
     return passed
+
+
+def _names(described: dict[str, Any], key: str, required: bool = True) -> list[str]:
+    """A `described` reply's list of names; a reply without them is no supervisor's."""
+    names = described.get(key, None if required else [])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        from .protocol import ProtocolError
+        raise ProtocolError(f"a 'described' reply without its list of {key} names: {str(described)[:200]}")
+    return names
 
 
 def _cwd_for(args: list[str]) -> str | None:
@@ -409,6 +446,20 @@ def _tell_denials_summary(name: str, child: Child, status: int, kept: Journal) -
               file=sys.stderr, flush=True)
 
 
+def _relay_until_exit(name: str, child: Child, r: int, relay: Relay, kept: Journal) -> dict[str, Any]:
+    """The stdio relayed and signals forwarded until the `exited` event, which it returns."""
+    while child.exited is None:
+        ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
+        if r in ready:
+            for number in os.read(r, 64):   # the wakeup fd: one byte a signal
+                child.signal(number, wait=False)
+        relay.handle(ready, writable)
+        if child.fileno() in ready:
+            child.poll()
+            _tell_denied(name, child, kept)
+    return child.exited
+
+
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP (r: their wakeup fd),
     exit as the child did."""
@@ -430,7 +481,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     try:
         try:
             stdin, stdout, stderr = relay.child_fds
-            env.update(_client_env(args.name, client.describe(args.name)["client_env"]))
+            env.update(_client_env(args.name, client.describe(args.name), args.verbose))
             child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
                                  cwd=_cwd_for(extra))
         except clients.NoSuchManifest as e:
@@ -443,22 +494,17 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             return _fail(EXIT_USAGE if e.code in USAGE_CODES else 1, str(e))
         finally:
             relay.started()
-        while child.exited is None:
-            ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
-            if r in ready:
-                for number in os.read(r, 64):   # the wakeup fd: one byte a signal
-                    child.signal(number, wait=False)
-            relay.handle(ready, writable)
-            if child.fileno() in ready:
-                child.poll()
-                _tell_denied(args.name, child, kept)
+        try:
+            exited = _relay_until_exit(args.name, child, r, relay, kept)
+        except (OSError, clients.SupervisorError) as e:   # (killed, say): no exit status to give
+            return _fail(1, f"{args.name}: lost {_supervisor_of(args)} while it ran: {e}")
         relay.drain()
         _tell_denied(args.name, child, kept)
-        if child.exited.get("reason") == "shutdown":
+        if exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.
             print(f"landlock-supervisor: {args.name} was stopped: the supervisor is shutting down",
                   file=sys.stderr, flush=True)
-        status = clients.shell_status(child.exited)
+        status = clients.shell_status(exited)
         _tell_denials_summary(args.name, child, status, kept)
         return status
     finally:

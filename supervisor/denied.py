@@ -65,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
     if args.session is not None:
         return _session(args.session, args.state_root, args.json)
     from . import client as clients
+    from .paths import SocketPathError
+    from .protocol import ProtocolError
     client = clients.Client(args.socket)
     try:
         if args.follow:
@@ -72,6 +74,13 @@ def main(args: argparse.Namespace) -> int:
                 _show(message, args.json)
         else:
             _show(client.denials(), args.json)
+    except SocketPathError as e:   # (a socket path no one may use, or none at all)
+        print(PREFIX + str(e), file=sys.stderr)
+        return 2
+    except ProtocolError as e:
+        where = client.socket_path or "its default socket"
+        print(f"{PREFIX}the supervisor at {where} sent a malformed reply: {e}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         print(PREFIX + str(e), file=sys.stderr)
         return 1

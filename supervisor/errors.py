@@ -29,7 +29,7 @@ class Code(str, Enum):
     BAD_FDS = "bad_fds", "wrong number or kind of fds"
     BAD_SIGNAL = "bad_signal", "`signal` names no signal"
     TOO_LARGE = "too_large", "message over 64 KiB, or too many/too long args"
-    NO_SUCH_MANIFEST = "no_such_manifest", "the name is not loaded"
+    NO_SUCH_MANIFEST = "no_such_manifest", "the name is not served: unknown (the message lists the names and the nearest one), or its file does not load now (the message names file and key)"
     ARGS_REFUSED = "args_refused", "the manifest does not let clients add arguments"
     ENV_REFUSED = "env_refused", "the manifest does not take that variable from clients"
     BAD_SPEC = "bad_spec", "a narrowing that would widen, or a path that cannot be used"

@@ -24,8 +24,8 @@ TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy tak
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MAX_MANIFEST_BYTES", "Manifest", "ManifestError", "load", "load_all", "name_of", "writable_grants",
-           "writable_holding"]
+__all__ = ["MAX_MANIFEST_BYTES", "Broken", "Manifest", "ManifestError", "load", "load_all", "load_each", "name_of",
+           "unknown_name", "writable_grants", "writable_holding"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
@@ -66,6 +66,7 @@ class Manifest:
     runs_as_root: bool = False       # a root supervisor runs it as uid 0 (allow_root, or a user of uid 0)
     credentials: privileges.Credentials | None = None   # of spec.user and spec.group, looked up once at load
     quiet_denials: tuple[str, ...] = ()   # its profiles' harmless denials (profiles.Fragment.quiet)
+    variables: frozenset[str] = frozenset()   # the ${VAR}s it expands (from the supervisor's environment)
 
     def environment(self, supervisor_env: Mapping[str, str],
                     client_env: Mapping[str, str] = {}) -> dict[str, str]:
@@ -74,6 +75,14 @@ class Manifest:
         env.update(self.env)
         env.update(client_env)
         return env
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A manifest file that does not load: not served, the others are."""
+    name: str      # its `name`, or its file's stem when not even that can be read
+    source: str
+    error: str     # one line: file, key, what is wrong
 
 
 DynamicUid = Callable[[str], int]
@@ -132,6 +141,7 @@ class _Loader:
     def load(self) -> Manifest:
         top = self.top
         name = self._name()
+        variables = self._all_variables_set()
         state_dir, area = self._state_dir(name)
         inherit_env = top.strings("inherit_env")
         manifest_env = {k: self.expand(f"env.{k}", v) for k, v in top.mapping("env").items()}
@@ -155,6 +165,7 @@ class _Loader:
                         warnings=self._warnings(fragment, spec, user, command, self.state_root), area=area,
                         dynamic=dynamic,
                         uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),
+                        variables=variables - {"STATE_DIR"},
                         runs_as_root=self.as_root and (allow_root or (creds is not None and creds.uid == 0)))
 
     def _name(self) -> str:
@@ -162,6 +173,16 @@ class _Loader:
         if not _NAME.match(name):
             self.top.fail("name", f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; at most 64)")
         return name
+
+    def _all_variables_set(self) -> frozenset[str]:
+        """The ${VAR}s the manifest expands; every one the environment lacks
+        in one error, not one per attempt."""
+        data = self.data if isinstance(self.data, dict) else {}
+        sandbox, env = (_mapping(data.get(key)) for key in ("sandbox", "env"))
+        texts = [("command", data.get("command")), ("cwd", data.get("cwd")), ("state_dir", data.get("state_dir")),
+                 *_items("args", data.get("args")), *((f"env.{k}", v) for k, v in env.items()),
+                 *(item for cls in PATH_CLASSES for item in _items(f"sandbox.{cls}", sandbox.get(cls)))]
+        return self.expand.all_set(texts, {"STATE_DIR"} if data.get("state_dir") else set())
 
     def _state_dir(self, name: str) -> tuple[str | None, str | None]:
         """(state dir, area); STATE_DIR set for what is expanded after."""
@@ -367,6 +388,14 @@ class _Loader:
         return tuple(warnings)
 
 
+def _mapping(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _items(key: str, value: Any) -> list[tuple[str, Any]]:
+    return [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else []
+
+
 def _rlimits(sandbox: Reader) -> dict[str, Any]:
     rlimits: dict[str, Any] = {}
     for key, value in sandbox.get("rlimits", dict, {}).items():
@@ -380,38 +409,104 @@ def _rlimits(sandbox: Reader) -> dict[str, Any]:
     return rlimits
 
 
-def load_all(paths: Iterable[str | os.PathLike[str]], *, only: str | None = None,
-             warn: Callable[[str], None] | None = None, **kwargs: Any) -> dict[str, Manifest]:
-    """Every *.yaml/*.yml of each directory, or the file itself; names unique.
+def load_all(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> dict[str, Manifest]:
+    """load_each's manifests when every one loads; else its first error."""
+    loaded, broken = load_each(paths, **kwargs)
+    if broken:
+        raise ManifestError(broken[0].error)
+    return loaded
+
+
+def load_each(paths: Iterable[str | os.PathLike[str]], *, only: str | None = None,
+              warn: Callable[[str], None] | None = None, **kwargs: Any) -> tuple[dict[str, Manifest], list[Broken]]:
+    """Every *.yaml/*.yml of each directory, or the file itself: those that
+    load, and those that do not (one bad file never stops the others). A
+    name two files give is served by neither: which policy was meant?
 
     only: load just the manifest of that name (a private supervisor for one
     server, started from an MCP client's stripped environment): the other
-    files are read for their name only, and one that cannot be is a warning."""
-    files: list[str] = []
-    for path in (os.fspath(p) for p in paths):
-        if os.path.isdir(path):
-            files += sorted(os.path.join(path, f) for f in os.listdir(path)
-                            if os.path.splitext(f)[1] in (".yaml", ".yml") and os.path.isfile(os.path.join(path, f)))
-        elif os.path.exists(path):
-            files.append(path)
-        else:
-            raise ManifestError(f"{path}: no such file or directory")
+    files are read for their name only, and one that cannot be is a warning;
+    no such name raises ManifestError."""
+    names = [os.fspath(p) for p in paths]
+    files, broken = _files(names)
     if only is not None:
-        wanted = []
-        for f in files:
-            try:
-                if name_of(f, kwargs.get("parsed")) == only:
-                    wanted.append(f)
-            except ManifestError as e:
-                if warn is not None:
-                    warn(f"skipped (looking for {only!r}): {e}")
-        if not wanted:
-            raise ManifestError(f"no manifest named {only!r} in {', '.join(map(str, paths))}")
-        files = wanted
-    manifests: dict[str, Manifest] = {}
+        if broken:   # (a private supervisor: its one manifest is named by a path that is not there)
+            raise ManifestError(broken[0].error)
+        files = _named(files, names, only, warn, kwargs.get("parsed"))
+    loaded: dict[str, Manifest] = {}
     for f in files:
-        m = load(f, **kwargs)
-        if m.name in manifests:
-            raise ManifestError(f"{f}: name: {m.name!r} is already defined by {manifests[m.name].source}")
-        manifests[m.name] = m
-    return manifests
+        try:
+            m = load(f, **kwargs)
+        except ManifestError as e:
+            broken.append(Broken(_name_or_stem(f, kwargs.get("parsed")), f, str(e)))
+            continue
+        if m.name in loaded:
+            broken.append(Broken(m.name, f, f"{f}: name: {m.name!r} is also the name of "
+                                 f"{loaded[m.name].source}: neither is served"))
+        else:
+            loaded[m.name] = m
+    for b in list(broken):
+        if b.name in loaded:
+            m = loaded.pop(b.name)
+            broken.append(Broken(m.name, m.source, f"{m.source}: name: {m.name!r} is also the name of "
+                                 f"{b.source}: neither is served"))
+    return loaded, broken
+
+
+def _files(paths: list[str]) -> tuple[list[str], list[Broken]]:
+    """The manifest files the paths name; a path that cannot be read, broken."""
+    files: list[str] = []
+    broken: list[Broken] = []
+    for path in paths:
+        try:
+            if os.path.isdir(path):
+                files += sorted(os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1]
+                                in (".yaml", ".yml") and os.path.isfile(os.path.join(path, f)))
+            elif os.path.exists(path):
+                files.append(path)
+            else:
+                broken.append(Broken(stem(path), path, f"{path}: no such file or directory"))
+        except OSError as e:
+            broken.append(Broken(stem(path), path, f"{path}: {e.strerror}"))
+    return files, broken
+
+
+def _name_or_stem(path: str, parsed: str | None) -> str:
+    try:
+        return name_of(path, parsed)
+    except ManifestError:
+        return stem(path)
+
+
+def _named(files: list[str], paths: list[str], only: str, warn: Callable[[str], None] | None,
+           parsed: str | None) -> list[str]:
+    """The files of that name. One whose name cannot be read is that name's
+    when its file is (it then fails to load with its own error), else a warning."""
+    wanted, names = [], set()
+    for f in files:
+        try:
+            name = name_of(f, parsed)
+        except ManifestError as e:
+            if stem(f) == only:
+                wanted.append(f)
+            elif warn is not None:
+                warn(f"skipped (looking for {only!r}): {e}")
+            continue
+        names.add(name)
+        if name == only:
+            wanted.append(f)
+    if not wanted:
+        raise ManifestError(unknown_name(only, names, f" in {', '.join(paths)}"))
+    return wanted
+
+
+def unknown_name(name: object, names: Iterable[str], where: str = "") -> str:
+    """No manifest of that name: the names there are, and the nearest one."""
+    names = sorted(names)
+    if not names:
+        return f"no manifest named {name!r}{where}; there are none"
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    import difflib
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.6) if isinstance(name, str) else []
+    return (f"no manifest named {name!r}{where}" + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; there are: {listed}")

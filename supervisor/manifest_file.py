@@ -207,6 +207,23 @@ class Expander:
             text = home + text[1:]
         return text
 
+    def all_set(self, texts: Iterable[tuple[str, Any]], known: set[str]) -> frozenset[str]:
+        """(key, text) pairs: the ${VAR}s they use; fail naming every one that is unset."""
+        unset: dict[str, str] = {}
+        used = set()
+        for key, text in texts:
+            for var in _VAR.findall(text) if isinstance(text, str) else ():
+                used.add(var)
+                if var not in self.env and var not in known:
+                    unset.setdefault(var, key)
+        if len(unset) == 1:
+            [(var, key)] = unset.items()
+            self.reader.fail(key, f"${{{var}}} is not set in the supervisor's environment")
+        if unset:
+            where = ", ".join(f"${{{var}}} ({key})" for var, key in unset.items())
+            raise ManifestError(f"{self.reader.source}: {where} are not set in the supervisor's environment")
+        return frozenset(used)
+
 
 def port_list(reader: Reader, key: str) -> list[int]:
     value = reader.get(key, list, [])

@@ -25,7 +25,7 @@ from landlock.spec import parse_limit
 from . import protocol
 from .errors import Code, Refused
 from .limits import Limits
-from .manifest import AUTO_POOL, PATH_CLASSES, PORT_KEYS, Manifest
+from .manifest import AUTO_POOL, PATH_CLASSES, PORT_KEYS, Manifest, unknown_name
 from .peers import Peer
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
@@ -63,17 +63,27 @@ class SpawnPlan:
     session_gid: bool              # the child gets a session gid of its own (if the supervisor hands them out)
 
 
-def admit(request: Mapping[str, Any], manifests: Mapping[str, Manifest], stopping: bool) -> Manifest:
+def admit(request: Mapping[str, Any], manifests: Mapping[str, Manifest], stopping: bool,
+          withdrawn: Mapping[str, str] = {}) -> Manifest:
     """The manifest a spawn request names, before its fds are looked at."""
     unknown = sorted(set(request) - SPAWN_FIELDS)
     if unknown:  # a misspelt "narrow" must not go unnoticed: the child would get more
         raise Refused(Code.BAD_REQUEST, f"spawn: unknown field(s) {', '.join(unknown)[:200]}")
-    name = request.get("manifest")
-    if not isinstance(name, str) or name not in manifests:
-        raise Refused(Code.NO_SUCH_MANIFEST, f"no such manifest {name!r}")
+    m = named(request.get("manifest"), manifests, withdrawn)
     if stopping:
         raise Refused(Code.SHUTTING_DOWN, "the supervisor is shutting down")
-    return manifests[name]
+    return m
+
+
+def named(name: object, manifests: Mapping[str, Manifest], withdrawn: Mapping[str, str]) -> Manifest:
+    """The manifest of that name; refused saying why when none is served:
+    its file is broken or refused (withdrawn: name -> that one line), or
+    the name is unknown (the names served, the nearest one)."""
+    if isinstance(name, str) and name in manifests:
+        return manifests[name]
+    if isinstance(name, str) and name in withdrawn:
+        raise Refused(Code.NO_SUCH_MANIFEST, f"manifest {name!r} is not served: {withdrawn[name]}")
+    raise Refused(Code.NO_SUCH_MANIFEST, unknown_name(name, manifests))
 
 
 def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,

@@ -126,7 +126,8 @@ class Supervisor:
         self.children.visibility = self.visibility.mode.describe()
         self.confinements.canary = self.visibility.canary
         try:
-            self.manifests = self._load_manifests()
+            self.manifests, self.withdrawn = self._load_manifests()
+            _starting(self.manifests, self.withdrawn)
         except BaseException:
             self.visibility.close()
             raise
@@ -134,39 +135,48 @@ class Supervisor:
 
     # ---- start-up, reload, shutdown ------------------------------------
 
-    def _load_manifests(self) -> dict[str, Manifest]:
-        """Every manifest; one that does not load stops the (re)load, while one
-        refused here (a file inside a writable grant, runs as root without
-        the option, state in the way) is logged and left out, the others loaded."""
+    def _load_manifests(self) -> tuple[dict[str, Manifest], dict[str, str]]:
+        """The manifests served, and why each other one is not (name -> one
+        line naming its file): one that does not load, or is refused here,
+        never stops the others."""
         table = None
         if os.geteuid() == 0 and self.config.state_root:
             table = ids.Table(self.config.dynamic_uids_of or self.config.state_root, self.config.dynamic_uids)
         parsed = state.parsed_directory(self.config.state_root, log) if self.config.state_root else None
-        loaded = manifests.load_all(self.config.manifest_paths, only=self.config.only, warn=log,
-                                    state_root=self.config.state_root, parsed=parsed,
-                                    dynamic_uid=(lambda name: table.assign([name], log)[name]) if table else None)
-        out = {}
+        loaded, broken = manifests.load_each(
+            self.config.manifest_paths, only=self.config.only, warn=log, state_root=self.config.state_root,
+            parsed=parsed, dynamic_uid=(lambda name: table.assign([name], log)[name]) if table else None)
+        withdrawn = {b.name: b.error for b in broken}
+        served = {}
         for m in loaded.values():
             held = manifests.writable_holding(m.source, loaded.values())
             if held:
-                log(f"{m.source}: refused: it lies inside {held[0].name}'s writable grant {held[1]}, "
-                    "where that server could rewrite it")
+                withdrawn[m.name] = (f"{m.source}: refused: it lies inside {held[0].name}'s writable grant "
+                                     f"{held[1]}, where that server could rewrite it")
                 continue
             spec, warning = self.visibility.logged(m.spec)
             m = dataclasses.replace(m, spec=spec)
             if warning:
                 log(f"{m.source}: warning: {warning}")
-            if m.runs_as_root and not self.config.allow_root_servers:
-                why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
-                log(f"{m.source}: refused: it runs as root ({why}), which needs `serve --allow-root-servers`")
+            why = self._refusal(m)
+            if why is not None:
+                withdrawn[m.name] = f"{m.source}: refused: {why}"
                 continue
             for warning in m.warnings:
                 log(f"{m.source}: warning: {warning}")
-            if state.prepare(m, log):
-                out[m.name] = m
+            served[m.name] = m
         if self.isolation is not None:
-            self.isolation.users(_dynamic_users(out))
-        return out
+            self.isolation.users(_dynamic_users(served))
+        return served, withdrawn
+
+    def _refusal(self, m: Manifest) -> str | None:
+        """Why a manifest that loads is not served by this supervisor, or None.
+        Each reason is one check here; state.prepare, which creates its
+        state, comes last."""
+        if m.runs_as_root and not self.config.allow_root_servers:
+            why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
+            return f"it runs as root ({why}), which needs `serve --allow-root-servers`"
+        return state.prepare(m, log)
 
     def _protect(self) -> None:
         """What the denial lines never propose (refusal.py): the homes of
@@ -190,6 +200,19 @@ class Supervisor:
             self.zygote.start(booting)  # after prepare(): it inherits what that did
         except OSError as e:
             raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
+        try:
+            self._open()
+        except OSError as e:   # the state root, the socket's directory: one line, what and where
+            self.zygote.close()
+            self.visibility.close()
+            where = f"{e.filename}: " if e.filename else ""
+            raise SystemExit(f"landlock-supervisor: not starting: {where}{e.strerror or e}") from None
+        self.loop.run(lambda: self.stopping and not self.children.sessions)
+        self._finish()
+        return 0
+
+    def _open(self) -> None:
+        """The sessions a previous supervisor left, then the way in."""
         self.children.records.end_survivors(log)
         self.loop.catch(CAUGHT_SIGNALS, self._on_signals)
         if self.config.control_fd is not None:
@@ -201,9 +224,6 @@ class Supervisor:
             self._listen()
             where = self.config.socket_path or "the socket systemd passed"
             log(f"serving {len(self.manifests)} manifest(s) on {where}")
-        self.loop.run(lambda: self.stopping and not self.children.sessions)
-        self._finish()
-        return 0
 
     def _listen(self) -> None:
         if self.config.listen_fd is not None:
@@ -226,16 +246,20 @@ class Supervisor:
             self.shutdown("shutdown")
 
     def _reload(self) -> None:
+        """The manifests as their files are now: one that became broken is
+        withdrawn (never kept in its old version: a typo while narrowing a
+        grant must not keep the wider one live); running sessions go on."""
         try:
-            new = self._load_manifests()
-        except (ManifestError, OSError) as e:
-            log(f"reload failed, keeping the {len(self.manifests)} manifest(s) in force: {e}")
-            return
-        self.manifests = new
+            new, withdrawn = self._load_manifests()
+        except (ManifestError, OSError) as e:   # no file could be looked at (a private one's, the uid table)
+            new, withdrawn = {}, {name: f"reload failed: {e}" for name in self.manifests}
+        for name, why in withdrawn.items():
+            log(f"{why}: " + ("withdrawn" if name in self.manifests else "not served"))
+        self.manifests, self.withdrawn = new, withdrawn
         self._protect()
         self.zygote.drain()
         self.confinements.clear()
-        log(f"reloaded {len(new)} manifest(s)")
+        log(f"reloaded {len(new)} manifest(s)" + (f", {len(withdrawn)} not served" if withdrawn else ""))
 
     def shutdown(self, reason: str) -> None:
         if self.stopping:
@@ -292,7 +316,7 @@ class Supervisor:
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
-        m = policy.admit(request, self.manifests, self.stopping)
+        m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
         check_stdio(fds, m)
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
@@ -329,14 +353,14 @@ class Supervisor:
                                      "rss_kib": procfs.rss_kib()})
 
     def _describe(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        name = message.get("manifest")
-        m = self.manifests.get(name) if isinstance(name, str) else None
-        if m is None:
-            raise Refused(Code.NO_SUCH_MANIFEST, f"no such manifest {name!r}")
+        m = policy.named(message.get("manifest"), self.manifests, self.withdrawn)
         # What a client may give it: `run` passes the client_env names it
         # has (an MCP client config's `env`), and says which it keeps.
         self.connections.send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
-                                     "client_args": m.client_args})
+                                     "client_args": m.client_args,
+                                     # What it reads from the supervisor's environment (in private mode,
+                                     # run's): `run` does not call them dropped.
+                                     "uses": sorted(m.variables | set(m.inherit_env))})
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their
@@ -405,6 +429,19 @@ def check_stdio(fds: list[int], m: Manifest) -> None:
             raise Refused(Code.BAD_FDS, f"{name}: a terminal, and manifest {m.name!r} does not take one "
                           "(terminal: true); pass pipes (`landlock-supervisor run` relays a "
                           "terminal through pipes)")
+
+
+def _starting(served: dict[str, Manifest], withdrawn: dict[str, str]) -> None:
+    """Each manifest not served, one line; none served while some are
+    named: not starting (with the one's own error when it is one)."""
+    if withdrawn and not served:
+        if len(withdrawn) == 1:
+            raise ManifestError(next(iter(withdrawn.values())))
+        for why in withdrawn.values():
+            log(why)
+        raise ManifestError(f"none of the {len(withdrawn)} manifests is served (each is named above)")
+    for why in withdrawn.values():
+        log(f"{why}: not served")
 
 
 def _dynamic_users(loaded: dict[str, Manifest]) -> dict[int, str]:

@@ -34,17 +34,15 @@ def area_mode() -> int:
     return 0o755 if os.geteuid() == 0 else 0o700
 
 
-def prepare(m: Manifest, log: Callable[[str], None]) -> bool:
-    """Create and check m's state entries; False (logged) refuses m alone."""
+def prepare(m: Manifest, log: Callable[[str], None]) -> str | None:
+    """Create and check m's state entries; what refuses m alone, or None."""
     try:
         _prepare(m, log)
     except Refused as e:
-        log(f"{m.source}: refused: {e}")
-        return False
+        return str(e)
     except OSError as e:
-        log(f"{m.source}: refused: state directory: {e.filename or ''}: {e.strerror or e}")
-        return False
-    return True
+        return f"state directory: {e.filename or ''}: {e.strerror or e}"
+    return None
 
 
 def parsed_directory(state_root: str, log: Callable[[str], None]) -> str | None:

@@ -25,6 +25,10 @@ sys.path.insert(0, os.path.dirname(__file__))  # for e2ehelpers, any import mode
 from e2ehelpers import Listener, World, servers_problem  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "network: fetches from the npm or PyPI registry (deselect with -m 'not network')")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if landlock.abi_version():
         return

@@ -2,9 +2,11 @@
 message names the file, the key and what was expected (docs/manifests.md)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,11 +71,57 @@ def test_yaml_alias_refused(tmp_path: Path) -> None:
 
 
 def test_one_bad_manifest_in_a_directory_names_its_file(tmp_path: Path) -> None:
-    """With --manifests DIR the good ones do not carry the bad one through."""
+    """With --manifests DIR the bad ones do not stop the good one: each is
+    named (file, key, what; every unset variable at once), the good one is
+    served, `check` exits 2 naming them."""
     d = tmp_path / "manifests"
     d.mkdir()
     (d / "a-good.yaml").write_text(OK)
     (d / "b-bad.yaml").write_text(OK + "sandbox: {read_only: /usr}\n")
-    result = serve(d, tmp_path)
-    assert result.returncode == 2, result
-    assert f"{d / 'b-bad.yaml'}: sandbox.read_only: expected a list, got a string" in result.stderr
+    (d / "c-syntax.yaml").write_text("command: [unclosed\n")
+    (d / "d-unset.yaml").write_text(OK + "cwd: ${E2E_NEVER_SET}\nargs: [\"${E2E_NEVER_SET_2}\"]\n")
+    sock = tmp_path / "s"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_NEVER_SET")}
+    argv = [PYTHON, "-m", "supervisor", "--socket", str(sock)]
+    proc = subprocess.Popen([*argv, "serve", "--allow-root-servers", "--manifests", str(d), "--state-root",
+                             str(tmp_path / "state")], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        listed = _wait_listed(argv, sock)
+        assert listed == ["a-good"], listed
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert f"{d / 'b-bad.yaml'}: sandbox.read_only: expected a list, got a string: not served" in err, err
+    assert f"{d / 'c-syntax.yaml'}: not valid YAML: " in err, err
+    assert (f"{d / 'd-unset.yaml'}: ${{E2E_NEVER_SET}} (cwd), ${{E2E_NEVER_SET_2}} (args[0]) are not set "
+            "in the supervisor's environment: not served") in err, err
+    assert "Traceback" not in err and "serving 1 manifest(s)" in err, err
+    check = subprocess.run([*argv, "check", "--manifests", str(d)], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=20)
+    assert check.returncode == 2, check
+    assert "a-good" in check.stdout and f"BROKEN, not served: {d / 'b-bad.yaml'}: sandbox.read_only" in check.stdout
+    assert check.stderr.count("\n") == 1 and "3 manifest(s) do not load" in check.stderr, check.stderr
+
+
+def _wait_listed(argv: list[str], sock: Path) -> list[str]:
+    for _ in range(100):
+        r = subprocess.run([*argv, "list"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            return list(json.loads(r.stdout)["manifests"])
+        time.sleep(0.1)
+    raise AssertionError(f"the supervisor never answered on {sock}")
+
+
+def test_private_mode_names_the_broken_manifest_asked_for(tmp_path: Path) -> None:
+    """run --manifests DIR NAME where NAME's file is no YAML: its parser's
+    error, once, and not a misleading `no manifest named`."""
+    d = tmp_path / "manifests"
+    d.mkdir()
+    (d / "syntax.yaml").write_text("command: [unclosed\n")
+    r = subprocess.run([PYTHON, "-m", "supervisor", "run", "--manifests", str(d), "--state-root",
+                        str(tmp_path / "state"), "syntax"], cwd=REPO, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2, r
+    assert "no manifest named" not in r.stderr and r.stderr.count(f"{d / 'syntax.yaml'}: not valid YAML") == 1, r
+    assert len(r.stderr.splitlines()) == 1, r.stderr

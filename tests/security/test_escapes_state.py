@@ -77,7 +77,31 @@ def test_state_symlink_swap(lab, ident):
     assert "npxlike.yaml: refused" in sv.log()
     assert os.lstat(secret).st_uid == 0 and os.lstat(secret / "key").st_uid == 0
     sv.stop()
-    lab.start()   # and it starts with the link there
+    lab.manifest("true", command="/bin/true")   # (with nothing else to serve it would not start)
+    assert "true" in lab.start().client.list()["manifests"]   # and it starts with the link there
+
+
+@case("broken-reload-keeps-grant")
+@pytest.mark.timeout(40)
+def test_a_broken_reload_keeps_no_grant(lab):
+    """A manifest whose secret directory was granted is narrowed with a typo
+    and reloaded: it is withdrawn, not kept in its old, wider version; fixed,
+    it serves the narrowed grant."""
+    _, secret = _world(lab, AS_UID, "narrowed")   # (bin/ and secret/; its manifest is replaced below)
+    bin_dir = lab.dir / "bin"
+    wide = {"profiles": ["system"], "read_only_noexec": [str(bin_dir), str(secret)]}
+    path = probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID, sandbox=wide)
+    sv = lab.start()
+    assert attack(sv.client, "narrowed", [["read", str(secret / "key")]])[0]["ok"]
+    probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID,
+                   sandbox={"profiles": ["system"], "read_only_noexec": str(bin_dir)})   # a list without its [ ]
+    _reload(sv)
+    with pytest.raises(NoSuchManifest, match=f"manifest 'narrowed' is not served: {path}: sandbox.read_only_noexec"):
+        attack(sv.client, "narrowed", [["read", str(secret / "key")]])
+    probe_manifest(lab, "narrowed", bin_dir / "probe.py", user=CHILD_UID,
+                   sandbox={"profiles": ["system"], "read_only_noexec": [str(bin_dir)]})
+    _reload(sv)
+    assert attack(sv.client, "narrowed", [["read", str(secret / "key")]]).errname(0) == "EACCES"
 
 
 @case("dynamic-uid-state-roots")

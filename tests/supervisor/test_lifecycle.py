@@ -11,6 +11,7 @@ import time
 import pytest
 
 from supervisor import manifest as manifests
+from supervisor.client import NoSuchManifest
 from supervisor.manifest import ManifestError
 from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, run, sh, spawn_bg, state,
                        wait_until, zombies_of)
@@ -190,19 +191,24 @@ def test_sighup_reload(sv, lab):
         assert child.status()["running"]
         r = _run(sv, "newcomer")
         assert r.out == b"new\n"
-        # A broken manifest at reload: the old set stays in force.
-        lab.manifest("broken", command="true", raw="command: /bin/true\nsurprise: 1\n")
+        # A manifest broken at reload (a typo while editing it) is withdrawn, never
+        # kept in its old version; the others stay; its running session goes on.
+        sh_yaml = lab.manifest_dir / "sh.yaml"
+        sh_yaml.write_text(sh_yaml.read_text() + "surprise: 1\n")
         sv.signal(signal.SIGHUP)
-        assert wait_until(lambda: "reload failed" in sv.log(), 5), sv.log()
-        assert "broken.yaml" in sv.log() and "surprise" in sv.log()
-        assert sorted(sv.client.list()["manifests"]) == ["false", "newcomer", "sh", "sleep", "true"]
+        assert wait_until(lambda: "sh" not in sv.client.list()["manifests"], 5), sv.log()
+        assert f"{sh_yaml}: surprise: unknown key" in sv.log() and ": withdrawn" in sv.log(), sv.log()
+        assert sorted(sv.client.list()["manifests"]) == ["false", "newcomer", "sleep", "true"]
+        with pytest.raises(NoSuchManifest, match=re.escape(f"manifest 'sh' is not served: {sh_yaml}: surprise: ")):
+            _run(sv, "sh")
         assert _run(sv, "newcomer").out == b"new\n"
         assert child.status()["running"] and alive(child.pid)
         # The child of a manifest that went away runs on, and is signalled as before.
-        (lab.manifest_dir / "broken.yaml").unlink()
-        (lab.manifest_dir / "sh.yaml").unlink()
+        sh_yaml.unlink()
         sv.signal(signal.SIGHUP)
-        assert wait_until(lambda: "sh" not in sv.client.list()["manifests"], 5)
+        assert wait_until(lambda: "reloaded 4 manifest(s)\n" in sv.log(), 5), sv.log()
+        with pytest.raises(NoSuchManifest, match="no manifest named 'sh'; there are: false, newcomer, sleep, true"):
+            _run(sv, "sh")
         assert child.status()["running"]
         child.terminate()
         assert child.wait(5) == -signal.SIGTERM
@@ -291,8 +297,7 @@ def _serve(lab, timeout=10, extra=("--allow-root-servers",)):
 @pytest.mark.timeout(20)
 def test_root_supervisor_requires_user_or_allow_root(lab):
     assert os.geteuid() == 0, "these tests run as root"
-    lab.stock()
-    path = lab.manifest("anyone", command="true", raw="command: /bin/true\n")
+    path = lab.manifest("anyone", command="true", raw="command: /bin/true\n")   # alone: nothing to serve
     r = _serve(lab)
     assert r.returncode == 2, r
     assert str(path) in r.stderr and "user" in r.stderr and "allow_root" in r.stderr, r.stderr
@@ -336,8 +341,8 @@ def test_broken_manifest_is_refused_naming_file_and_key(lab, text, key):
     ("command: /bin/true\nallow_root: true\nsandbox: {read_only: /usr}\n",
      "sandbox.read_only: expected a list"),
 ])
-def test_broken_manifest_stops_serve(lab, text, key):
-    lab.stock()
+def test_broken_manifest_alone_stops_serve(lab, text, key):
+    """Nothing served: not starting, its one line (with others, tests/e2e/test_e2e_manifest_errors.py)."""
     path = lab.manifest("broken", command="true", raw=text)
     r = _serve(lab)
     assert r.returncode == 2, r
@@ -348,10 +353,17 @@ def test_broken_manifest_stops_serve(lab, text, key):
 
 @pytest.mark.timeout(20)
 def test_duplicate_name_is_refused(lab):
+    """Two files of one name: neither is served (which policy was meant?), the others are."""
     lab.stock()
-    lab.manifest("other", command="true", raw="name: cat\ncommand: /bin/true\nallow_root: true\n")
-    r = _serve(lab)
-    assert r.returncode == 2 and "other.yaml" in r.stderr and "name" in r.stderr, r.stderr
+    other = lab.manifest("other", command="true", raw="name: cat\ncommand: /bin/true\nallow_root: true\n")
+    loaded, broken = manifests.load_each([lab.manifest_dir], state_root=str(lab.state_root))
+    assert sorted(loaded) == ["false", "sh", "sleep", "true"]
+    cat = lab.manifest_dir / "cat.yaml"
+    assert sorted(b.error for b in broken) == [f"{cat}: name: 'cat' is also the name of {other}: neither is served",
+                                               f"{other}: name: 'cat' is also the name of {cat}: neither is served"]
+    r = _serve(lab, extra=())   # every stock manifest runs as root: refused alone, and so nothing is served
+    assert r.returncode == 2 and "none of the 5 manifests is served" in r.stderr, r.stderr
+    assert "cat.yaml: name: 'cat' is also the name of" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(20)

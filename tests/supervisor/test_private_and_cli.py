@@ -352,6 +352,30 @@ def test_run_passes_what_the_manifest_takes(lab, mode):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["daemon", "private"])
+def test_run_names_only_what_was_dropped_a_few_at_most(lab, mode):
+    """The variables the manifest reads itself (its ${VAR}s, inherit_env) are
+    not called dropped; of the others three are named, the rest counted;
+    --verbose names all."""
+    lab.manifest("env", command="/usr/bin/env", args=["LLS_ARG=${LLS_SERVERS}"], inherit_env=["LLS_INHERITED"],
+                 client_env=["TOKEN"])
+    client = {"HOME": "/", "PATH": "/usr/bin:/bin", "OLDPWD": "/", "LLS_SERVERS": "/srv", "LLS_INHERITED": "x",
+              **{f"DROPPED_{i}": "x" for i in range(6)}}
+    if mode == "daemon":
+        svr = lab.start(env={"LLS_SERVERS": "/srv"})
+        argv = ["run", "--socket", str(svr.socket_path)]
+    else:
+        argv = ["run", "--allow-root-servers", "--manifests", str(lab.manifest_dir)]
+    for verbose, named in (([], "DROPPED_0, DROPPED_1, DROPPED_2 and 3 more (run --verbose names them)"),
+                           (["--verbose"], ", ".join(f"DROPPED_{i}" for i in range(6)))):
+        r = subprocess.run([PYTHON, "-m", "supervisor", *argv, *verbose, "env"], cwd=REPO, env=client,
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0 and "LLS_ARG=/srv\n" in r.stdout, r
+        note = [line for line in r.stderr.splitlines() if "not passed" in line]
+        assert note == [f"landlock-supervisor: not passed to env (not in its client_env): {named}"], r.stderr
+
+
+@pytest.mark.timeout(30)
 def test_ping_list_stats_commands(sv):
     import json
     base = ["--socket", str(sv.socket_path)]

@@ -192,6 +192,21 @@ def test_messages_name_the_field():
     assert refusal(narrow={"connect_tcp": [22]}) == "narrow.connect_tcp: only ports the manifest grants ([80, 443])"
 
 
+@pytest.mark.parametrize("name, message", [
+    ("ap", "no manifest named 'ap' (did you mean 'app'?); there are: app, apt-mirror, db"),
+    ("zzz", "no manifest named 'zzz'; there are: app, apt-mirror, db"),
+    (["app"], "no manifest named ['app']; there are: app, apt-mirror, db"),
+    ("broken", "manifest 'broken' is not served: /etc/m/broken.yaml: args[0]: ${X} is not set"),
+])
+def test_a_name_not_served_says_what_is(name, message):
+    """The names served and the nearest one; a withdrawn manifest's own error (file and key)."""
+    served = {n: replace(MANIFEST, name=n) for n in ("app", "apt-mirror", "db")}
+    withdrawn = {"broken": "/etc/m/broken.yaml: args[0]: ${X} is not set"}
+    with pytest.raises(Refused) as e:
+        policy.admit(req(manifest=name), served, False, withdrawn)
+    assert (e.value.code, str(e.value)) == (Code.NO_SUCH_MANIFEST, message)
+
+
 def test_adaptive_pool_demand():
     """pool: auto: none for a manifest spawned now and then, one after a
     burst, growing to the cap on misses, drained after `idle` seconds."""

@@ -111,10 +111,14 @@ def test_readme_config_runs(identities: Any, index: int, who: str, mode: str) ->
             server_env = json.loads(r["calls"][1]["text"])
             token = session["env"].get("GITHUB_TOKEN")
             assert server_env.get("GITHUB_TOKEN") == token, f"{where}: GITHUB_TOKEN did not arrive: {server_env}"
-        # run names the config's variables it did not pass (not in client_env).
-        takes = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()).get("client_env") or []
-        dropped = sorted(k for k in entries[key].get("env", {}) if k not in takes)
-        if dropped:
-            line = next((ln for ln in err.splitlines() if f"not passed to {name} " in ln), "")
-            assert all(k in line for k in dropped), f"{where}: stderr does not name {dropped}:\n{err[-2000:]}"
+        # run names the config's variables it did not pass (not in client_env), not those
+        # the manifest reads itself (its ${VAR}s, inherit_env: MCP_SERVERS in private mode).
+        text = (EXAMPLES / f"{name}.yaml").read_text()
+        manifest = yaml.safe_load(text)
+        takes = manifest.get("client_env") or []
+        uses = {*re.findall(r"\$\{(\w+)\}", text), *(manifest.get("inherit_env") or [])}
+        line = next((ln for ln in err.splitlines() if f"not passed to {name} " in ln), "")
+        dropped = sorted(k for k in entries[key].get("env", {}) if k not in takes and k not in uses)
+        assert all(k in line for k in dropped), f"{where}: stderr does not name {dropped}:\n{err[-2000:]}"
+        assert not any(re.search(rf"\b{k}\b", line) for k in uses), f"{where}: {line}"
     assert served.daemon_children() == []

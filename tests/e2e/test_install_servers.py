@@ -1,0 +1,53 @@
+"""scripts/install-servers shows its installers' errors and bounds their
+time: a registry that refuses is npm's own error and a line naming the step;
+one that never answers ends after INSTALL_TIMEOUT with a line saying what
+to check (it once looked like a hang of 4.5 minutes)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2ehelpers import REPO
+
+
+@pytest.fixture
+def registry() -> Iterator[socket.socket]:
+    """A TCP port on loopback that accepts connections and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _install(tmp_path: Path, port: int, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(REPO / "scripts" / "install-servers"), str(tmp_path / "servers")], cwd=REPO,
+                          env={**os.environ, "npm_config_registry": f"http://127.0.0.1:{port}/", **env},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(150)
+def test_a_refusing_registry_is_npms_error_and_the_step(tmp_path: Path) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()   # nobody listens: refused
+    r = _install(tmp_path, port)
+    assert r.returncode == 1, r
+    assert "ECONNREFUSED" in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("install-servers: npm install failed (exit 1): its error is above"), r.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_silent_registry_ends_within_the_bound(tmp_path: Path, registry: socket.socket) -> None:
+    r = _install(tmp_path, registry.getsockname()[1], INSTALL_TIMEOUT="5")   # (the test's timeout bounds the rest)
+    assert r.returncode == 1, r
+    assert "install-servers: npm install did not finish within 5s (INSTALL_TIMEOUT): can this user reach the " \
+           "registry" in r.stderr, r.stderr
