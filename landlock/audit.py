@@ -41,9 +41,10 @@ ENABLED_LOCKED = 2  # audit on, its settings immutable until reboot
 # parent directory: the record never names the file), an address and port,
 # or another process.
 Access = collections.namedtuple("Access", "serial domain blockers path addr port opid ocomm")
-# A domain's life: allocated (the pid that called landlock_restrict_self)
-# and deallocated (the kernel's count of its denials, logged or not).
-Domain = collections.namedtuple("Domain", "serial domain status pid denials")
+# A domain's life: allocated (the pid that called landlock_restrict_self;
+# parent: the enclosing domain, for a kernel that names it, which 6.18 does
+# not) and deallocated (the kernel's count of its denials, logged or not).
+Domain = collections.namedtuple("Domain", "serial domain status pid denials parent", defaults=(None,))
 # The SYSCALL record: the process actually denied.
 Syscall = collections.namedtuple("Syscall", "serial pid comm exe")
 Record = Access | Domain | Syscall
@@ -179,7 +180,7 @@ def parse(typ: int, serial: int, fields: dict[str, bytes]) -> Record | None:
         if domain is None:
             return None
         return Domain(serial, domain, fields.get("status", b"").decode(), _int(fields.get("pid")),
-                      _int(fields.get("denials")))
+                      _int(fields.get("denials")), _int(fields.get("parent"), 16))
     if typ == SYSCALL:
         return Syscall(serial, _int(fields.get("pid")), text(fields.get("comm")), text(fields.get("exe")))
     return None

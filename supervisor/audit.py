@@ -15,6 +15,7 @@ import json
 import os
 import select
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -154,22 +155,48 @@ def in_other_netns() -> bool:
         return False
 
 
-def make_canary(directory: str) -> str:
-    """A file every domain denies (no manifest grants the supervisor's own
-    directory) and DAC lets any uid open: a DAC refusal is never logged."""
-    os.makedirs(directory, mode=0o711, exist_ok=True)
-    st = os.lstat(directory)
-    if not os.path.isdir(directory) or os.path.islink(directory) or st.st_uid != os.geteuid():
-        raise OSError(errno.EPERM, f"{directory}: not a directory of ours")
-    os.chmod(directory, 0o711)
-    path = os.path.join(directory, f"canary-{os.getpid()}")
+def make_canary_root(directory: str) -> str:
+    """This supervisor's canary root, `<directory>/<pid>`, empty: where its
+    zygote makes each child's canary (zygote.child.make_canary). Root's
+    and 0711 at both levels: any uid may pass through to a canary whose
+    name it was told, nobody may list one; no manifest grants it."""
+    root = f"{directory}/{os.getpid()}"
+    remove_canaries(root)   # a dead supervisor's, of our pid
+    for path in (directory, root):
+        try:
+            os.mkdir(path, 0o711)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path}: not a directory of ours")
+        os.chmod(path, 0o711, follow_symlinks=False)
+    return root
+
+
+def remove_canaries(root: str) -> None:
+    """The canaries left in root (their records lost; a file a child could
+    create in one), then root."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(f"{name}/c", dir_fd=fd)
+            except OSError:
+                pass
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except OSError:
         pass
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
-    os.chmod(path, 0o444)
-    return path
 
 
 class Reader:
@@ -251,7 +278,7 @@ class Reader:
                 "unattributed": self.denials.unattributed}
 
 
-# The canary every domain denies, where no manifest grants.
+# Where the canaries are, which no manifest grants.
 CANARY_DIR = "/run/landlock-supervisor-audit"
 # A `denials` reply holds the newest that fit in one datagram (64 KiB).
 REPLY_MAX = 60000
@@ -263,7 +290,7 @@ class Visibility:
     when it was forked), the reader, the canary, who follows."""
 
     def __init__(self, loop: Loop, requested: str | None, nested: bool, private: bool,
-                 session_of: Callable[[int], Any], offer: Callable[[Any, dict[str, Any]], bool]) -> None:
+                 offer: Callable[[Any, dict[str, Any]], bool]) -> None:
         import landlock
         self.logging_available = "logging" in landlock.support.probe().features
         self.mode = choose(requested, nested, self.logging_available)
@@ -274,7 +301,7 @@ class Visibility:
         # (A private supervisor's stderr is its client's: `run` says it when a server fails.)
         self.quiet = private
         if self.mode.name != "off":
-            self._read(loop, requested, session_of)
+            self._read(loop, requested)
         elif requested != "off":
             self._say(f"denials: not visible: {self.mode.reason}")
 
@@ -282,9 +309,9 @@ class Visibility:
         if not self.quiet:
             log(line)
 
-    def _read(self, loop: Loop, requested: str | None, session_of: Callable[[int], Any]) -> None:
+    def _read(self, loop: Loop, requested: str | None) -> None:
         try:
-            self.canary = make_canary(CANARY_DIR)
+            self.canary = make_canary_root(CANARY_DIR)
             sock = audit.open_reader()
         except (audit.Unavailable, OSError) as e:
             self.close()
@@ -293,7 +320,7 @@ class Visibility:
             self.mode = Mode("off", f"{e}{NOT_VISIBLE}")
             self._say(f"denials: not visible: {self.mode.reason}")
             return
-        denials = Denials(self.canary, session_of, lambda s, event: self.offer(s.conn, event), self._tell_followers)
+        denials = Denials(self.canary, lambda s, event: self.offer(s.conn, event), self._tell_followers)
         self.reader = Reader(loop, sock, denials)
         self._say(f"denials: {self.mode.name} mode" + (" (nested domains too)" if self.mode.nested else ""))
 
@@ -336,14 +363,11 @@ class Visibility:
             self.followers.remove(conn)
 
     def close(self) -> None:
-        """The reader closed, the canary removed, the host's settings put back."""
+        """The reader closed, the canaries removed, the host's settings put back."""
         if self.reader is not None:
             self.reader.close()
             self.reader = None
         if self.canary is not None:
-            try:
-                os.unlink(self.canary)
-            except OSError:
-                pass
+            remove_canaries(self.canary)
             self.canary = None
         restore(self.mode)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,31 @@ CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
 
 _skipped_enforcement: list[str] = []
 _audit_ran: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def host_audit() -> Iterator[Any]:
+    """Audit as the `audit` tests need it (landlock.audit.Status before),
+    everything put back afterwards."""
+    from landlock import audit
+    if "logging" not in landlock.support.probe().features:
+        pytest.skip("machine setting: Landlock cannot log denials on this kernel (before 6.15)")
+    # What `serve --audit` needs of the host (a container's network or PID
+    # namespace, a bounding set without CAP_AUDIT_*): not the code's to fix.
+    from supervisor import audit as supervisor_audit
+    try:
+        before = audit.status()
+        audit.open_reader().close()
+    except (OSError, audit.Unavailable) as e:
+        pytest.skip(f"machine setting: audit records cannot be read here: {e}")
+    if supervisor_audit.in_other_netns():
+        pytest.skip("machine setting: not in the initial network namespace (audit records are not sent here)")
+    try:
+        yield before
+    finally:
+        if before.enabled != 2:   # locked: nothing could have changed it
+            audit.set_status(enabled=before.enabled, backlog_limit=before.backlog_limit,
+                             rate_limit=before.rate_limit)
 
 
 def pytest_configure(config: pytest.Config) -> None:
