@@ -5,7 +5,9 @@ marks each domain with a canary denial before exec and learns from the
 kernel how many denials a session had, logging nothing after exec;
 `detail` logs every denial (LOG_NEW_EXEC_ON). Audit is host state: only an
 operator's explicit `--audit count|detail` switches it on (and raises the
-backlog when no audit daemon owns it), and it is put back at the end.
+backlog when no audit daemon owns it), and it is put back when the last
+supervisor relying on it is gone (audit_settings). Audit switched off under
+a supervisor is seen within WATCH seconds, and said.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from dataclasses import dataclass, field
 
 from landlock import audit
 
+from . import audit_settings
 from .denials import Denials
 from .log import log
-from .loop import Loop, Timer
+from .loop import Loop, Periodic, Timer
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -44,16 +47,19 @@ OPEN_EVENTS_MAX = 4096
 SETTLE_WAIT = 0.25
 SETTLE_MAX = 2.0     # while records wait unread in the socket
 NOT_VISIBLE = "; `landlock-supervisor learn` writes a manifest from a traced run instead"
+# How often the host's audit status is checked while denials are read.
+WATCH = 1.0
 
 
 @dataclass
 class Mode:
-    """How denials are seen: off, count or detail, why, and the host settings to restore."""
+    """How denials are seen: off, count or detail, why, and the host settings it needs."""
     name: str                 # off, count, detail
     reason: str = ""          # why off, when it is
     panic: bool = False       # failure=2: a lost record panics the host
     nested: bool = False      # the servers' own domains' denials too
-    restore: dict[str, int] = field(default_factory=dict)   # host settings changed, their old values
+    wanted: dict[str, int] = field(default_factory=dict)   # host settings it needs changed
+    holding: bool = False     # a holder in the shared record (audit_settings)
     lost_at_start: int = 0
 
     def describe(self) -> dict[str, Any]:
@@ -121,31 +127,38 @@ def choose(requested: str | None, nested: bool, logging_available: bool) -> Mode
         if requested is None:
             return Mode("off", "audit is off on this host; `serve --audit count` switches it on (host-wide: "
                                "every process's system calls are slower until reboot)" + NOT_VISIBLE)
-        _set(mode, "enabled", 1, status.enabled)
+        mode.wanted["enabled"] = 1
     if requested is not None and status.pid == 0 and status.backlog_limit < BACKLOG and status.enabled != 2:
-        _set(mode, "backlog_limit", BACKLOG, status.backlog_limit)
+        mode.wanted["backlog_limit"] = BACKLOG
     return mode
 
 
-def _set(mode: Mode, name: str, value: int, old: int) -> None:
+def hold(mode: Mode) -> None:
+    """Rely on the host's audit (a holder in the shared record), with the
+    settings the mode needs. Raises OSError when it cannot."""
     try:
-        audit.set_status(**{name: value})
+        changed = audit_settings.hold(mode.wanted)
     except OSError as e:
-        raise SystemExit(f"landlock-supervisor: --audit {mode.name}: cannot set audit {name}: "
-                         f"{e.strerror or e}") from None
-    mode.restore[name] = old
-    log(f"audit: {name} set to {value} (was {old}; put back at the end)")
+        raise OSError(e.errno, f"cannot set the host's audit: {e.strerror or e}") from None
+    mode.holding = True
+    for name, value in changed.items():
+        log(f"audit: {name} set to {value} (put back when no supervisor relies on it)")
 
 
 def restore(mode: Mode) -> None:
-    """Put back what choose() changed (audit stays `ever enabled`, and every
-    process's system calls slower, until reboot: the kernel's doing)."""
-    for name, old in mode.restore.items():
-        try:
-            audit.set_status(**{name: old})
-        except OSError as e:
-            log(f"audit: cannot put {name} back to {old}: {e.strerror or e}")
-    mode.restore.clear()
+    """No longer rely on it: the last holder puts back what was changed
+    (audit stays `ever enabled`, and every process's system calls slower,
+    until reboot: the kernel's doing)."""
+    if not mode.holding:
+        return
+    mode.holding = False
+    try:
+        restored = audit_settings.release()
+    except OSError as e:
+        log(f"audit: cannot put the host's settings back: {e.strerror or e}")
+        return
+    for name, value in restored.items():
+        log(f"audit: {name} put back to {value}")
 
 
 def in_other_netns() -> bool:
@@ -175,8 +188,7 @@ def make_canary_root(directory: str) -> str:
 
 
 def remove_canaries(root: str) -> None:
-    """The canaries left in root (their records lost; a file a child could
-    create in one), then root."""
+    """The canaries left in root (their records lost), then root."""
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -184,11 +196,7 @@ def remove_canaries(root: str) -> None:
     try:
         for name in os.listdir(fd):
             try:
-                os.unlink(f"{name}/c", dir_fd=fd)
-            except OSError:
-                pass
-            try:
-                os.rmdir(name, dir_fd=fd)
+                os.unlink(name, dir_fd=fd)
             except OSError:
                 pass
     finally:
@@ -209,7 +217,7 @@ class Reader:
         self.overflows = 0        # ENOBUFS: records lost for this reader
         self.timer: Timer | None = None
         denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
-        loop.watch(sock, self.on_readable)
+        loop.watch(sock, self.on_readable, last=True)   # clients' requests first, whatever the flood
 
     def close(self) -> None:
         self.loop.unwatch(self.sock)
@@ -279,7 +287,7 @@ class Reader:
 
 
 # Where the canaries are, which no manifest grants.
-CANARY_DIR = "/run/landlock-supervisor-audit"
+CANARY_DIR = audit_settings.DIRECTORY
 # A `denials` reply holds the newest that fit in one datagram (64 KiB).
 REPLY_MAX = 60000
 
@@ -294,6 +302,9 @@ class Visibility:
         import landlock
         self.logging_available = "logging" in landlock.support.probe().features
         self.mode = choose(requested, nested, self.logging_available)
+        self.blind: str | None = None      # why denials are no longer seen (audit switched off under us)
+        # In every `spawned`, and the `denials` reply: updated in place.
+        self.report: dict[str, Any] = self.mode.describe()
         self.offer = offer
         self.followers: list[Any] = []     # connections of `denials --follow`
         self.reader: Reader | None = None
@@ -311,6 +322,7 @@ class Visibility:
 
     def _read(self, loop: Loop, requested: str | None) -> None:
         try:
+            hold(self.mode)
             self.canary = make_canary_root(CANARY_DIR)
             sock = audit.open_reader()
         except (audit.Unavailable, OSError) as e:
@@ -318,11 +330,37 @@ class Visibility:
             if requested is not None:
                 raise SystemExit(f"landlock-supervisor: --audit {self.mode.name}: {e}") from None
             self.mode = Mode("off", f"{e}{NOT_VISIBLE}")
+            self._describe()
             self._say(f"denials: not visible: {self.mode.reason}")
             return
         denials = Denials(self.canary, lambda s, event: self.offer(s.conn, event), self._tell_followers)
         self.reader = Reader(loop, sock, denials)
+        Periodic(loop, WATCH, self._watch).start()
         self._say(f"denials: {self.mode.name} mode" + (" (nested domains too)" if self.mode.nested else ""))
+
+    def _describe(self) -> None:
+        self.report.clear()
+        self.report.update({"mode": "off", "reason": self.blind} if self.blind else self.mode.describe())
+
+    def _watch(self) -> bool:
+        """Audit switched off under us (by another process): said, not
+        reported as zero denials; and when it is back on."""
+        if self.reader is None:
+            return False
+        try:
+            enabled = audit.status().enabled
+        except OSError:
+            return True
+        if bool(self.blind) != (enabled == 0):
+            if enabled == 0:
+                self.blind = (f"audit was switched off on this host at {time.strftime('%H:%M:%S')} by another "
+                              f"process: denials are not seen (the mode was {self.mode.name})")
+                self._say(f"denials: not visible any more: {self.blind}")
+            else:
+                self.blind = None
+                self._say(f"denials: {self.mode.name} mode again (audit is back on)")
+            self._describe()
+        return True
 
     @property
     def denials(self) -> Denials | None:
@@ -339,7 +377,7 @@ class Visibility:
     def reply(self, uid: int, everyone: bool) -> dict[str, Any]:
         """The `denials` reply: the recent ones uid may see (everyone: all),
         newest last, as many as fit in one datagram."""
-        reply: dict[str, Any] = {"event": "denials", **self.mode.describe(), "recent": [], "omitted": 0}
+        reply: dict[str, Any] = {"event": "denials", **self.report, "recent": [], "omitted": 0}
         if self.reader is not None:
             reply["lost"] = self.reader.lost(self.mode)
             visible = [d for d in self.reader.denials.recent if everyone or d["uid"] == uid]

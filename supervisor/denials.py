@@ -2,11 +2,11 @@
 
 The records are Landlock's (landlock.audit); which are read at all is
 supervisor/audit.py's business. A session's own domain is the one named by
-the record of its canary: a directory with a random name the zygote made
-for that child alone, in which the child, confined, tries to create a file
+the record of its canary: a file with a random name the zygote made for
+that child alone, which the child, confined, tries to open for writing
 before exec (landlock.enter.mark_domain). Nobody else can name it (its
-parent is not listable), and it is removed at its first record: a second
-one is nobody's. Nothing else attributes a domain: not a pid (reused, and
+directory is not listable), and it is removed at its first record: a
+second one is nobody's. Nothing else attributes a domain: not a pid (reused, and
 the `allocated` record names the pid that created a domain, whenever its
 first denial comes: a foreign domain made from a pid a session's child
 later gets would pass for the session's), not a process session. A
@@ -220,12 +220,10 @@ class Denials:
         the first time only (the canary goes now: a second record of it is
         nobody's, whoever made it)."""
         try:
-            os.rmdir(f"{self.canary_root}/{name}")
+            os.unlink(f"{self.canary_root}/{name}")
         except FileNotFoundError:
             self.unattributed += 1
             return
-        except OSError:
-            pass   # (a child that could create its file there: a root server granted /run)
         session = self.claims.pop(name, None)
         if session is not None:
             self._own(session, domain)
@@ -244,9 +242,8 @@ class Denials:
         self._attach(session, domain)
 
     def _canary_name(self, access: audit.Access) -> str | None:
-        """The name of our canary the access names, or None: the kernel names
-        a creation's parent directory, the canary."""
-        if self.canary_root is None or access.path is None or access.blockers != ("fs.make_reg",):
+        """The name of our canary the access names, or None."""
+        if self.canary_root is None or access.path is None or access.blockers != ("fs.write_file",):
             return None
         parent, _, name = access.path.rpartition("/")
         return name if parent == self.canary_root and _CANARY_NAME.fullmatch(name) else None
@@ -266,7 +263,7 @@ class Denials:
         if canary is not None and self.claims.get(os.path.basename(canary)) is session:
             del self.claims[os.path.basename(canary)]   # its record never came: the canary goes
             try:
-                os.rmdir(canary)
+                os.unlink(canary)
             except OSError:
                 pass
 

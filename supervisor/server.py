@@ -103,7 +103,7 @@ class Supervisor:
         self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
                                            config.control_fd is not None, self.connections.offer)
         self.children.denials = self.visibility.denials
-        self.children.visibility = self.visibility.mode.describe()
+        self.children.visibility = self.visibility.report
         self.confinements.canary = self.visibility.canary
         try:
             self.manifests = self._load_manifests()

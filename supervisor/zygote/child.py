@@ -69,16 +69,22 @@ _CLONE_ARGS[4 if MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(
 
 
 def make_canary(root: str | None) -> str | None:
-    """A directory for one child's canary (landlock.enter.mark_domain) in the
-    supervisor's canary root: a random name nobody else can learn (the
-    root is root's, 0711: not listable), searchable by any uid (0111). None
-    without a root (denials not read) or when it cannot be made: that
-    child's denials are then not attributed, and the zygote says why."""
+    """One child's canary (landlock.enter.mark_domain): an empty file in the
+    supervisor's canary root with a random name nobody else can learn (the
+    root is root's, 0711: not listable), writable by any uid (0666: DAC
+    decides before Landlock, and must let the write through to be denied by
+    the domain). None without a root (denials not read) or when it cannot
+    be made: that child's denials are then not attributed, and the zygote
+    says why."""
     if root is None:
         return None
     path = f"{root}/{os.urandom(16).hex()}"
     try:
-        os.mkdir(path, 0o111)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            os.fchmod(fd, 0o666)   # whatever our umask
+        finally:
+            os.close(fd)
     except OSError as e:
         os.write(2, f"landlock-supervisor zygote: no canary for a child: {e}\n".encode(errors="replace"))
         return None
@@ -90,7 +96,7 @@ def remove_canary(canary: str | None) -> None:
     others once their record came)."""
     if canary is not None:
         try:
-            os.rmdir(canary)
+            os.unlink(canary)
         except OSError:
             pass
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from landlock import audit
+from supervisor import audit_settings
 from supervisor.client import Client
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -57,11 +58,18 @@ def test_detail_each_denial_reaches_its_client_with_the_line_that_allows_it(lab:
     assert counts["received"] >= 2 and counts["kernel"] == counts["received"], counts
     assert audit.status().enabled == 1
     sv.stop()
-    assert audit.status().enabled == host_audit.enabled   # put back by the supervisor itself
+    assert audit.status().enabled == 1   # the suite relies on it too (supervisor.audit_settings): left on
 
 
 def test_count_mode_is_the_default_where_audit_is_on(lab: Any, host_audit: Any) -> None:
-    audit.set_status(enabled=1)
+    audit_settings.hold({"enabled": 1})
+    try:
+        _count_mode(lab)
+    finally:
+        audit_settings.release()
+
+
+def _count_mode(lab: Any) -> None:
     lab.stock()
     lab.manifest("pooled", command="/bin/sh", args=["-c"], client_args=True, pool=1,
                  sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "read_only_noexec": ["/proc"]})
@@ -205,7 +213,7 @@ def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, h
 
 
 def test_a_manifest_reading_everything_still_has_its_canary(lab: Any, host_audit: Any) -> None:
-    # The canary is a creation (fs.make_reg) in a directory of its own: a
+    # The canary is a write (fs.write_file) to a file of its own: a
     # manifest that may read everything is denied it all the same.
     lab.manifest("reads_all", command="/bin/sh", args=["-c"], client_args=True,
                  sandbox={"profiles": ["system"], "read_only": ["/"]})
@@ -242,3 +250,24 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
     assert {e["object"] for e in got["recent"]} == {"/etc/hostname"}   # not the owner's /etc/hosts
     owner = {e["object"] for e in sv.client.denials()["recent"]}
     assert {"/etc/hostname", "/etc/hosts"} <= owner
+
+
+def test_one_supervisor_leaves_audit_on_for_another_and_a_blind_one_says_so(lab: Any, host_audit: Any) -> None:
+    lab.stock()
+    first = lab.start(extra=["--audit", "count"])     # switches audit on, if it was off
+    second = lab.start(socket_path=lab.dir / "second.sock", state_root=lab.dir / "second-state")   # relies on it
+    first.stop()
+    assert audit.status().enabled == 1                 # not put back under the second
+    result, _ = _collect(second.client, "sh", ["cat /etc/hostname; true"])
+    assert result.child.denials == {"mode": "count"} and result.child.exited["denials"]["kernel"] == 1
+    # Switched off by someone else: said (its check runs every second), in
+    # `denials` and in every later `spawned`.
+    audit.set_status(enabled=0)
+    try:
+        assert wait_until(lambda: second.client.denials()["mode"] == "off", 5)
+        assert "switched off" in second.client.denials()["reason"]
+        result, _ = _collect(second.client, "sh", ["cat /etc/hostname; true"])
+        assert result.child.denials["mode"] == "off" and "switched off" in result.child.denials["reason"]
+    finally:
+        audit.set_status(enabled=1)
+    assert wait_until(lambda: second.client.denials()["mode"] == "count", 5)   # and back

@@ -132,7 +132,7 @@ class World:
     def canary(self) -> str:
         """One child's canary, as the zygote makes it."""
         path = f"{self.root}/{os.urandom(16).hex()}"
-        os.mkdir(path)
+        open(path, "w").close()
         return path
 
     def session(self, pid: int, quiet: tuple[str, ...] = (), spawned: bool = True,
@@ -144,7 +144,7 @@ class World:
     def mark(self, s: Session, domain: int) -> None:
         """Its child's canary record."""
         assert s.tally is not None and s.tally.canary is not None
-        self.denials.access(_access(domain, s.tally.canary, ("fs.make_reg",)), None)
+        self.denials.access(_access(domain, s.tally.canary, ("fs.write_file",)), None)
 
 
 @pytest.fixture
@@ -190,21 +190,21 @@ def test_a_second_record_of_a_canary_is_nobodys(w: World) -> None:
 
 
 @pytest.mark.parametrize("path, blockers", [
-    ("{root}/{name}", ("fs.read_file",)),              # not a creation
-    ("/run/elsewhere/{name}", ("fs.make_reg",)),        # not our root
-    ("{root}/..", ("fs.make_reg",)),                    # not a canary's name
+    ("{root}/{name}", ("fs.read_file",)),              # not its write
+    ("/run/elsewhere/{name}", ("fs.write_file",)),      # not our root
+    ("{root}/..", ("fs.write_file",)),                  # not a canary's name
 ])
-def test_only_a_creation_in_one_of_our_canaries_names_a_domain(w: World, path: str,
+def test_only_a_write_to_one_of_our_canaries_names_a_domain(w: World, path: str,
                                                                blockers: tuple[str, ...]) -> None:
     s = w.session(10)
     assert s.tally is not None and s.tally.canary is not None
     w.denials.access(_access(0xF, path.format(root=w.root, name=os.path.basename(s.tally.canary)), blockers), None)
-    assert s.tally.own is None and os.path.isdir(s.tally.canary)
+    assert s.tally.own is None and os.path.isfile(s.tally.canary)
 
 
 def test_a_pooled_childs_canary_before_its_session_is_kept(w: World) -> None:
     canary = w.canary()
-    w.denials.access(_access(0xA, canary, ("fs.make_reg",)), None)   # confined and marked while it waited
+    w.denials.access(_access(0xA, canary, ("fs.write_file",)), None)   # confined and marked while it waited
     s = w.session(10, canary=canary)
     w.denials.access(_access(0xA, "/etc/a"), None)
     assert [e["object"] for _, e in w.told] == ["/etc/a"] and s.tally and s.tally.received == 1
@@ -212,7 +212,7 @@ def test_a_pooled_childs_canary_before_its_session_is_kept(w: World) -> None:
 
 
 def test_an_unused_pooled_childs_canary_goes_with_its_domain(w: World) -> None:
-    w.denials.access(_access(0xA, w.canary(), ("fs.make_reg",)), None)
+    w.denials.access(_access(0xA, w.canary(), ("fs.write_file",)), None)
     w.denials.domain(audit.Domain(2, 0xA, "deallocated", None, 1))
     assert not w.denials.unclaimed and not w.denials.unclaimed_name
 
@@ -315,18 +315,18 @@ def _status(**fields: int) -> audit.Status:
 
 
 @pytest.mark.parametrize("requested, status, mode, panic, changes", [
-    (None, _status(enabled=0), "off", False, []),
-    (None, _status(enabled=1), "count", False, []),
-    (None, _status(enabled=1, failure=2), "count", True, []),
-    ("count", _status(enabled=0), "count", False, [{"enabled": 1}, {"backlog_limit": 8192}]),
-    ("count", _status(enabled=1, pid=42), "count", False, []),          # an auditd owns the backlog
-    ("detail", _status(enabled=2), "detail", False, []),                # locked: nothing to change
-    ("detail", _status(enabled=1, failure=2), SystemExit, True, []),
-    ("off", _status(enabled=1), "off", False, []),
+    (None, _status(enabled=0), "off", False, {}),
+    (None, _status(enabled=1), "count", False, {}),
+    (None, _status(enabled=1, failure=2), "count", True, {}),
+    ("count", _status(enabled=0), "count", False, {"enabled": 1, "backlog_limit": 8192}),
+    ("count", _status(enabled=1, pid=42), "count", False, {}),          # an auditd owns the backlog
+    ("detail", _status(enabled=2), "detail", False, {}),                # locked: nothing to change
+    ("detail", _status(enabled=1, failure=2), SystemExit, True, {}),
+    ("off", _status(enabled=1), "off", False, {}),
 ])
 def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch, requested: str | None,
                                                  status: audit.Status, mode: Any, panic: bool,
-                                                 changes: list[dict[str, int]]) -> None:
+                                                 changes: dict[str, int]) -> None:
     from supervisor import audit as supervisor_audit
     made: list[dict[str, int]] = []
     monkeypatch.setattr(supervisor_audit.os, "geteuid", lambda: 0)
@@ -338,6 +338,83 @@ def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch
             supervisor_audit.choose(requested, False, True)
         return
     got = supervisor_audit.choose(requested, False, True)
-    assert (got.name, got.panic if got.name != "off" else panic, made) == (mode, panic, changes)
+    assert (got.name, got.panic if got.name != "off" else panic, got.wanted) == (mode, panic, changes)
+    assert made == []   # changed only once it holds the shared record (audit_settings)
     if mode == "off" and requested is None:
         assert "audit is off on this host" in got.reason and "learn" in got.reason
+
+
+class _Host:
+    """The kernel's audit settings, faked: what audit_settings sees and sets."""
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **fields: int) -> None:
+        self.status = _status(**fields)
+        monkeypatch.setattr(audit, "status", lambda: self.status)
+        monkeypatch.setattr(audit, "set_status", lambda **f: setattr(self, "status", self.status._replace(**f)))
+
+
+def test_settings_go_back_only_when_no_supervisor_relies_on_them(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    host = _Host(monkeypatch, enabled=0, backlog_limit=64)
+    me = settings._me()
+    other = {"pid": 1, "start": int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19])}
+    who = [me]
+    monkeypatch.setattr(settings, "_me", lambda: who[0])
+    assert settings.hold({"enabled": 1, "backlog_limit": 8192}, str(tmp_path)) == {"enabled": 1, "backlog_limit": 8192}
+    who[0] = other                         # a second supervisor, relying on audit as it is
+    assert settings.hold({"backlog_limit": 4096}, str(tmp_path)) == {}   # a backlog is only ever raised
+    who[0] = me
+    assert settings.release(str(tmp_path)) == {}   # the other still relies on it
+    assert (host.status.enabled, host.status.backlog_limit) == (1, 8192)
+    who[0] = other
+    assert settings.release(str(tmp_path)) == {"enabled": 0, "backlog_limit": 64}
+    assert (host.status.enabled, host.status.backlog_limit) == (0, 64)
+
+
+def test_a_holder_left_by_kill_9_is_dropped(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    host = _Host(monkeypatch, enabled=0)
+    dead = {"pid": os.getpid(), "start": 1}     # its pid, since reused: another start time
+    monkeypatch.setattr(settings, "_me", lambda: dead)
+    settings.hold({"enabled": 1}, str(tmp_path))
+    monkeypatch.undo()
+    host = _Host(monkeypatch, enabled=1)
+    settings.hold({"enabled": 1}, str(tmp_path))     # a newcomer finds audit on, and the dead holder
+    with settings.Record(str(tmp_path)) as record:
+        assert record.holders == [settings._me()] and record.before == {"enabled": 0}
+    assert settings.release(str(tmp_path)) == {"enabled": 0} and host.status.enabled == 0
+
+
+def test_the_record_is_roots_and_never_a_link(tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    os.symlink("/etc/passwd", tmp_path / settings.RECORD)
+    with pytest.raises(OSError):
+        settings.Record(str(tmp_path)).__enter__()
+    os.unlink(tmp_path / settings.RECORD)
+    (tmp_path / settings.RECORD).write_text("{}")
+    os.chmod(tmp_path / settings.RECORD, 0o666)
+    with pytest.raises(OSError, match="not root's own record"):
+        settings.Record(str(tmp_path)).__enter__()
+
+
+def test_the_audit_socket_is_read_after_whatever_else_is_ready() -> None:
+    # A flood of records never goes before a client's request in a loop turn.
+    import socket
+
+    from supervisor.loop import Loop
+    loop, order = Loop(), []
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        loop.watch(pairs[0][0], lambda: order.append("audit"), last=True)
+        loop.watch(pairs[1][0], lambda: order.append("client"))
+        loop.watch(pairs[2][0], lambda: order.append("zygote"))
+        for _, w in pairs:
+            w.send(b"x")
+        loop.run(lambda: len(order) >= 3)
+        assert order[-1] == "audit" and sorted(order[:2]) == ["client", "zygote"]
+        loop.unwatch(pairs[0][0])
+        assert not loop._last
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
