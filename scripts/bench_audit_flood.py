@@ -4,8 +4,9 @@
     sudo .venv/bin/python scripts/bench_audit_flood.py [--seconds 10] [--flooders 4] [--json FILE]
 
 A `serve --audit detail` supervisor; `--flooders` unprivileged local users
-(uids 64190...), none of them its clients, each making a fresh Landlock
-domain every DENIALS denied opens, for `--seconds`. Meanwhile a client
+(uids 64190...), none of them its clients, each keeping `--live` processes
+denied in a Landlock domain of their own (DENIALS denials each, then
+replaced), for `--seconds`. Meanwhile a client
 spawns /bin/true in a loop, timing request -> `spawned`; the supervisor's
 RSS is sampled every 20 ms. The same spawn loop runs for as long before
 the flood: the baseline, in the same run. Prints RSS (idle, peak during the
@@ -35,27 +36,32 @@ from scripts.bench.measure import log, rss_kib, summarize  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 FIRST_UID = 64190
-DENIALS = 200
-# Each flooder: a fresh domain (READ_FILE handled) per child, DENIALS denied opens in it, until the deadline.
+DENIALS = 2000
+# Each flooder keeps --live children, each in a fresh domain (READ_FILE
+# handled) making DENIALS denied opens, replaced as they end, until the
+# deadline: many domains the supervisor does not know, all flooding at once.
 FLOODER = """
 import ctypes, os, struct, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 attr = struct.pack("Q", 1 << 2)
 end = time.monotonic() + float(sys.argv[1])
+live = 0
 while time.monotonic() < end:
-    pid = os.fork()
-    if pid == 0:
-        fd = libc.syscall(444, attr, len(attr), 0)
-        libc.prctl(38, 1, 0, 0, 0)
-        libc.syscall(446, fd, 0)
-        for i in range(%d):
-            try:
-                os.open("/etc/hostname", os.O_RDONLY)
-            except OSError:
-                pass
-        os._exit(0)
-    os.waitpid(pid, 0)
+    while live < int(sys.argv[2]):
+        if os.fork() == 0:
+            fd = libc.syscall(444, attr, len(attr), 0)
+            libc.prctl(38, 1, 0, 0, 0)
+            libc.syscall(446, fd, 0)
+            for i in range(%d):
+                try:
+                    os.open("/etc/hostname", os.O_RDONLY)
+                except OSError:
+                    pass
+            os._exit(0)
+        live += 1
+    os.wait()
+    live -= 1
 """ % DENIALS
 
 
@@ -86,6 +92,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--flooders", type=int, default=4)
+    p.add_argument("--live", type=int, default=1, help="processes flooding at once per flooder, each its own domain")
+    p.add_argument("--pool", type=int, default=0, help="the spawned manifest's pool (0: a fresh child each time)")
     p.add_argument("--json")
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -93,7 +101,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="llsv-bench-flood-"))
     os.chmod(base, 0o755)
     (base / "m").mkdir()
-    (base / "m" / "true.yaml").write_text("name: 'true'\nallow_root: true\ncommand: /bin/true\npool: 0\n"
+    (base / "m" / "true.yaml").write_text(f"name: 'true'\nallow_root: true\ncommand: /bin/true\npool: {args.pool}\n"
                                           "sandbox: {profiles: [system]}\n")
     (base / "flood.py").write_text(FLOODER)
     os.chmod(base / "flood.py", 0o644)
@@ -125,7 +133,8 @@ def main() -> int:
         log(f"{args.flooders} flooders for {args.seconds} s")
         for i in range(args.flooders):
             uid = FIRST_UID + i
-            flooders.append(subprocess.Popen([sys.executable, "-I", "-S", str(base / "flood.py"), str(args.seconds)],
+            flooders.append(subprocess.Popen([sys.executable, "-I", "-S", str(base / "flood.py"), str(args.seconds),
+                                              str(args.live)],
                                              user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"}))
         flood = _spawns(client, time.monotonic() + args.seconds)
         for f in flooders:
@@ -135,7 +144,7 @@ def main() -> int:
         sampler.join()
         lost = client.denials()["lost"]
         results: dict[str, Any] = {
-            "seconds": args.seconds, "flooders": args.flooders,
+            "seconds": args.seconds, "flooders": args.flooders, "live": args.live, "pool": args.pool,
             "rss_kib": {"idle": idle, "peak_during_flood": max(samples, default=0), "vm_hwm": _vm_hwm(sv.pid)},
             "spawned": {"baseline": summarize(baseline), "flood": summarize(flood)}, "lost": lost}
     finally:

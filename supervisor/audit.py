@@ -40,8 +40,9 @@ BACKLOG = 8192
 READS_PER_TURN = 64
 # An event's records (ACCESS, then SYSCALL at syscall exit, EOE) may be
 # interleaved with other events': kept by serial until its EOE, or this long.
+# (Bounded for memory too: an event may hold two 4 KiB names, a path and an exe.)
 EVENT_WAIT = 0.2
-OPEN_EVENTS_MAX = 4096
+OPEN_EVENTS_MAX = 1024
 # How long an `exited` waits for the kernel's count (the `deallocated`
 # record comes ~60 ms after the domain's last process).
 SETTLE_WAIT = 0.25

@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 # costs its client one line, a flood of distinct ones a bounded trickle.
 DISTINCT_MAX = 512
 RATE, BURST = 20.0, 50
-# Records of a domain not known yet (its canary's event may complete after
-# a later one: a task without an audit context has no EOE): kept this long,
-# for this many domains, this many records in all (the rest counted as
-# unattributed at once): memory stays bounded whatever a flood of foreign
-# domains sends.
-UNKNOWN_WAIT, UNKNOWN_MAX, UNKNOWN_KEPT = 2.0, 1024, 2048
+# Records of a domain not known yet (its canary's event may complete up to
+# EVENT_WAIT after a later one: a task without an audit context has no
+# EOE): kept this long, for this many domains, this many records in all
+# (the rest counted as unattributed at once): memory stays bounded (each
+# may hold two 4 KiB names) whatever a flood of foreign domains sends.
+UNKNOWN_WAIT, UNKNOWN_MAX, UNKNOWN_KEPT = 0.5, 1024, 256
 # Canary records of pooled children not handed a session yet.
 UNCLAIMED_MAX = 4096
 RECENT_MAX = 1000

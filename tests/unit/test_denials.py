@@ -418,3 +418,29 @@ def test_the_audit_socket_is_read_after_whatever_else_is_ready() -> None:
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w: World) -> None:
+    # Records of domains nobody knows, events that never see their EOE (a
+    # task without an audit context), each with a 4 KiB path and exe.
+    import socket
+    import tracemalloc
+
+    from supervisor.audit import Reader
+    from supervisor.loop import Loop
+    a, b = socket.socketpair()
+    try:
+        reader = Reader(Loop(), a, w.denials)
+        long = "/" + "x" * 4000
+        tracemalloc.start()
+        for serial in range(50_000):
+            reader._record(serial, audit.Access(serial, 0x1000 + serial % 5000, ("fs.read_file",),
+                                                long + str(serial), None, None, None, None))
+            reader._record(serial, audit.Syscall(serial, 7, "c" * 15, long + str(serial)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 << 20, peak
+        assert len(reader.events) <= 1024 and w.denials.unknown_kept <= d.UNKNOWN_KEPT
+    finally:
+        a.close()
+        b.close()
