@@ -1,10 +1,14 @@
-"""Denial visibility under attack (issue 20): whose denials reach a session.
+"""Denial visibility under attack (issue 20): whose denials reach a session,
+whose audit settings stay, what a flood of foreign domains costs.
 
-A foreign Landlock domain, made from the pid that a victim session's child
-gets next and denied only after that child's fork (its `allocated` record
-then names the victim's pid), by an unprivileged local user or by another
-session's confined server (a nested domain, `--audit-nested`). The pid is
-forced with /proc/sys/kernel/ns_last_pid (root). Row: docs/security.md
+`audit-foreign-domain`: a Landlock domain made from the pid that a victim
+session's child gets next and denied only after that child's fork (its
+`allocated` record then names the victim's pid), by an unprivileged local
+user or by another session's confined server (a nested domain,
+`--audit-nested`). The pid is forced with /proc/sys/kernel/ns_last_pid
+(root). `audit-settings-shared`: one supervisor's exit under another, and
+audit switched off under a supervisor. `audit-flood-foreign`: local users
+flooding denials from domains nobody knows. Rows: docs/security.md
 (escape catalogue).
 """
 from __future__ import annotations
@@ -17,8 +21,10 @@ import time
 import pytest
 
 from sechelpers import FOREIGN_UID, HERE, IDENTITIES, PYTHON3, case
-from svhelpers import read_line, wait_until
+from svhelpers import read_line, run, wait_until
 
+from landlock import audit
+from supervisor import procfs
 from supervisor.audit import CANARY_DIR
 
 pytestmark = [pytest.mark.enforcement, pytest.mark.audit]
@@ -123,3 +129,60 @@ def test_audit_foreign_domain(lab, host_audit, attacker, ident):
                    (e["object"] for e in sv.client.denials()["recent"]))
     # Counted as nobody's once the kernel drops the foreign domain.
     assert wait_until(lambda: sv.client.denials()["lost"]["unattributed"] >= before + 1, 10)
+
+
+@case("audit-settings-shared")
+@pytest.mark.timeout(60)
+def test_audit_settings_shared(lab, host_audit):
+    lab.stock()
+    audit.set_status(enabled=0)   # the attack's start: audit off on the host
+    first = lab.start(extra=["--audit", "count"])   # switches it on
+    second = lab.start(socket_path=lab.dir / "second.sock", state_root=lab.dir / "second-state")   # relies on it
+    first.stop()
+    assert audit.status().enabled == 1   # not put back under the second
+    result = run(second.client, "sh", ["cat /etc/hostname 2>/dev/null; true"])
+    assert result.child.denials == {"mode": "count"} and result.child.exited["denials"]["kernel"] == 1
+    # Switched off by another process: said (its check runs every second, so
+    # within 2 s), in `denials` and in every later `spawned`, not as zero denials.
+    audit.set_status(enabled=0)
+    try:
+        assert wait_until(lambda: second.client.denials()["mode"] == "off", 5)
+        assert "switched off" in second.client.denials()["reason"]
+        result = run(second.client, "sh", ["cat /etc/hostname 2>/dev/null; true"])
+        assert result.child.denials["mode"] == "off" and "switched off" in result.child.denials["reason"]
+    finally:
+        audit.set_status(enabled=1)
+    assert wait_until(lambda: second.client.denials()["mode"] == "count", 5)   # and back
+
+
+FLOODER = HERE / "audit_flood.py"
+
+
+@case("audit-flood-foreign")
+@pytest.mark.timeout(90)
+def test_audit_flood_foreign(lab, host_audit):
+    bin_dir = lab.dir / "bin"
+    bin_dir.mkdir(mode=0o755)
+    shutil.copy(FLOODER, bin_dir / "audit_flood.py")
+    os.chmod(bin_dir / "audit_flood.py", 0o644)
+    lab.stock()
+    sv = lab.start(extra=["--audit", "detail"])
+    for _ in range(20):
+        assert run(sv.client, "true").code == 0   # warm: the zygote, the confinement cache
+    idle = procfs.rss_kib(sv.pid)
+    floods = [subprocess.Popen([PYTHON3, "-I", "-S", str(bin_dir / "audit_flood.py"), "6", "2000"],
+                               user=FOREIGN_UID, group=FOREIGN_UID, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+              for _ in range(4)]
+    peak, spawned = idle, 0
+    try:
+        while any(f.poll() is None for f in floods):
+            assert run(sv.client, "true", timeout=30).code == 0   # answered all along
+            spawned += 1
+            peak = max(peak, procfs.rss_kib(sv.pid) or 0)
+    finally:
+        for f in floods:
+            f.kill()
+            f.wait(10)
+    assert spawned > 0
+    assert peak - idle < 16 * 1024, (idle, peak)   # KiB: the records of unknown domains are bounded
+    assert sv.client.denials()["lost"]["unattributed"] > 0   # seen, counted as nobody's
