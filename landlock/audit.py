@@ -32,7 +32,8 @@ _STATUS = struct.Struct("=11I")
 Status = collections.namedtuple(
     "Status", "mask enabled failure pid rate_limit backlog_limit lost backlog feature_bitmap "
               "backlog_wait_time backlog_wait_time_actual")
-MASK = {"enabled": 0x1, "failure": 0x2, "pid": 0x4, "rate_limit": 0x8, "backlog_limit": 0x10}
+MASK = {"enabled": 0x1, "failure": 0x2, "pid": 0x4, "rate_limit": 0x8, "backlog_limit": 0x10,
+        "backlog_wait_time": 0x20}
 FAILURE_PANIC = 2   # a lost record panics the host
 ENABLED_LOCKED = 2  # audit on, its settings immutable until reboot
 
@@ -88,8 +89,8 @@ def status() -> Status:
 
 
 def set_status(**fields: int) -> None:
-    """Change the named fields (enabled, failure, rate_limit, backlog_limit);
-    never pid: a reader is no audit daemon."""
+    """Change the named fields (enabled, failure, rate_limit, backlog_limit,
+    backlog_wait_time); never pid: a reader is no audit daemon."""
     values = dict.fromkeys(Status._fields, 0)
     values.update(fields)
     values["mask"] = sum(MASK[name] for name in fields)

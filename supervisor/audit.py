@@ -129,8 +129,16 @@ def choose(requested: str | None, nested: bool, logging_available: bool) -> Mode
             return Mode("off", "audit is off on this host; `serve --audit count` switches it on (host-wide: "
                                "every process's system calls are slower until reboot)" + NOT_VISIBLE)
         mode.wanted["enabled"] = 1
-    if requested is not None and status.pid == 0 and status.backlog_limit < BACKLOG and status.enabled != 2:
-        mode.wanted["backlog_limit"] = BACKLOG
+    if requested is not None and status.pid == 0 and status.enabled != 2:
+        # No audit daemon owns the queue: ours is the only reader. A larger
+        # one, and no wait for room in it: a process whose record finds it
+        # full (a flood fills it) would sleep up to 60 s in the kernel, a
+        # child of ours at its canary among them; the record is lost
+        # instead, and counted.
+        if status.backlog_limit < BACKLOG:
+            mode.wanted["backlog_limit"] = BACKLOG
+        if status.backlog_wait_time > 0:
+            mode.wanted["backlog_wait_time"] = 0
     return mode
 
 
@@ -217,6 +225,8 @@ class Reader:
         self.events: dict[int, tuple[float, list[audit.Access], list[audit.Syscall]]] = {}
         self.overflows = 0        # ENOBUFS: records lost for this reader
         self.timer: Timer | None = None
+        self.busy = False         # records came since the last status (see status())
+        self.last_status: audit.Status | None = None
         denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
         loop.watch(sock, self.on_readable, last=True)   # clients' requests first, whatever the flood
 
@@ -225,6 +235,7 @@ class Reader:
         self.sock.close()
 
     def on_readable(self) -> None:
+        self.busy = True
         for _ in range(READS_PER_TURN):
             try:
                 data = self.sock.recv(65536)
@@ -276,13 +287,26 @@ class Reader:
         if self.events:
             self.timer = self.loop.at(EVENT_WAIT, self._flush)
 
+    def status(self) -> audit.Status | None:
+        """The host's audit status, asked only when no record came since the
+        last time: the kernel makes whoever sends it a request sleep while
+        its backlog is over the limit (up to backlog_wait_time, 60 s by
+        default), and a flood keeps it there: the whole loop would wait.
+        Else (audit is on: records flow) the last answer, None before any."""
+        if not self.busy:
+            try:
+                self.last_status = audit.status()
+            except OSError:
+                pass
+        self.busy = False
+        return self.last_status
+
     def lost(self, mode: Mode) -> dict[str, int]:
         """What the kernel dropped since start (all record types: its
-        counter is host-wide) and what this reader could not hold."""
-        try:
-            kernel = max(0, audit.status().lost - mode.lost_at_start)
-        except OSError:
-            kernel = -1
+        counter is host-wide; as of the last status), and what this reader
+        could not hold."""
+        status = self.status()
+        kernel = -1 if status is None else max(0, status.lost - mode.lost_at_start)
         return {"kernel": kernel, "reader_overflows": self.overflows,
                 "unattributed": self.denials.unattributed}
 
@@ -336,6 +360,7 @@ class Visibility:
             return
         denials = Denials(self.canary, lambda s, event: self.offer(s.conn, event), self._tell_followers)
         self.reader = Reader(loop, sock, denials)
+        self.reader.status()   # (no record read yet: asked)
         Periodic(loop, WATCH, self._watch).start()
         self._say(f"denials: {self.mode.name} mode" + (" (nested domains too)" if self.mode.nested else ""))
 
@@ -348,12 +373,14 @@ class Visibility:
         reported as zero denials; and when it is back on."""
         if self.reader is None:
             return False
-        try:
-            enabled = audit.status().enabled
-        except OSError:
+        if self.reader.busy:   # records flow: audit is on (and asking could make the loop wait)
+            self.reader.busy = False
             return True
-        if bool(self.blind) != (enabled == 0):
-            if enabled == 0:
+        status = self.reader.status()
+        if status is None:
+            return True
+        if bool(self.blind) != (status.enabled == 0):
+            if status.enabled == 0:
                 self.blind = (f"audit was switched off on this host at {time.strftime('%H:%M:%S')} by another "
                               f"process: denials are not seen (the mode was {self.mode.name})")
                 self._say(f"denials: not visible any more: {self.blind}")

@@ -24,7 +24,7 @@ from . import procfs
 DIRECTORY = "/run/landlock-supervisor-audit"
 RECORD = "settings.json"
 # Only these are changed, and put back.
-NAMES = ("enabled", "backlog_limit")
+NAMES = ("enabled", "backlog_limit", "backlog_wait_time")
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -92,14 +92,16 @@ class Record:
 
 
 def hold(wanted: dict[str, int], directory: str = DIRECTORY) -> dict[str, int]:
-    """Become a holder; set each wanted setting (a backlog only ever raised),
-    recording its value before if no holder had. Returns what was changed
-    (name: new value). Raises OSError (the record, or the kernel refused)."""
+    """Become a holder; set each wanted setting (the backlog only ever
+    raised, its wait only ever shortened), recording its value before if no
+    holder had. Returns what was changed (name: new value). Raises OSError
+    (the record, or the kernel refused)."""
     changed: dict[str, int] = {}
     with Record(directory) as record:
         status = audit.status()._asdict()
         for name, value in wanted.items():
-            if status[name] == value or (name == "backlog_limit" and status[name] >= value):
+            if (status[name] == value or (name == "backlog_limit" and status[name] >= value)
+                    or (name == "backlog_wait_time" and status[name] <= value)):
                 continue
             audit.set_status(**{name: value})
             record.before.setdefault(name, status[name])

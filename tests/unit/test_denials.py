@@ -319,6 +319,8 @@ def _status(**fields: int) -> audit.Status:
     (None, _status(enabled=1), "count", False, {}),
     (None, _status(enabled=1, failure=2), "count", True, {}),
     ("count", _status(enabled=0), "count", False, {"enabled": 1, "backlog_limit": 8192}),
+    ("detail", _status(enabled=1, backlog_limit=8192, backlog_wait_time=15000), "detail", False,
+     {"backlog_wait_time": 0}),                                          # a flood loses records, stalls nobody
     ("count", _status(enabled=1, pid=42), "count", False, {}),          # an auditd owns the backlog
     ("detail", _status(enabled=2), "detail", False, {}),                # locked: nothing to change
     ("detail", _status(enabled=1, failure=2), SystemExit, True, {}),
