@@ -120,7 +120,7 @@ def describe(access: audit.Access) -> tuple[str, str]:
 class Tally:
     """One session's denials."""
     quiet: tuple[str, ...]                   # path prefixes its profiles expect denied (node's /proc reads)
-    canary: str | None = None                # its child's canary directory (see the module's doc)
+    canary: str | None = None                # its child's canary file (see the module's doc)
     own: int | None = None                   # the domain its canary's record named
     domains: set[int] = field(default_factory=set)
     received: int = 0                        # denials whose records reached us

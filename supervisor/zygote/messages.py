@@ -21,8 +21,8 @@ Spawn and Pool start with the same four fields, what the child becomes
 A gid is the child's session gid (a root supervisor gives each child its
 own: it replaces the credentials' gid, or makes an allow_root child uid 0
 with that gid), or None: the credentials as they are. helper is the pid of a
-pooled child's exec helper, or 0 (see zygote.main). canary is the directory
-the zygote made for that child alone to mark its Landlock domain with
+pooled child's exec helper, or 0 (see zygote.main). canary is the file the
+zygote made for that child alone to mark its Landlock domain with
 (zygote.child.make_canary), or None: the supervisor knows the domain by it.
 
 A child's argv and environment are a Request: a fresh child reads it after
