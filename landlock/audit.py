@@ -32,7 +32,8 @@ _STATUS = struct.Struct("=11I")
 Status = collections.namedtuple(
     "Status", "mask enabled failure pid rate_limit backlog_limit lost backlog feature_bitmap "
               "backlog_wait_time backlog_wait_time_actual")
-MASK = {"enabled": 0x1, "failure": 0x2, "pid": 0x4, "rate_limit": 0x8, "backlog_limit": 0x10}
+MASK = {"enabled": 0x1, "failure": 0x2, "pid": 0x4, "rate_limit": 0x8, "backlog_limit": 0x10,
+        "backlog_wait_time": 0x20}
 FAILURE_PANIC = 2   # a lost record panics the host
 ENABLED_LOCKED = 2  # audit on, its settings immutable until reboot
 
@@ -41,9 +42,10 @@ ENABLED_LOCKED = 2  # audit on, its settings immutable until reboot
 # parent directory: the record never names the file), an address and port,
 # or another process.
 Access = collections.namedtuple("Access", "serial domain blockers path addr port opid ocomm")
-# A domain's life: allocated (the pid that called landlock_restrict_self)
-# and deallocated (the kernel's count of its denials, logged or not).
-Domain = collections.namedtuple("Domain", "serial domain status pid denials")
+# A domain's life: allocated (the pid that called landlock_restrict_self;
+# parent: the enclosing domain, for a kernel that names it, which 6.18 does
+# not) and deallocated (the kernel's count of its denials, logged or not).
+Domain = collections.namedtuple("Domain", "serial domain status pid denials parent", defaults=(None,))
 # The SYSCALL record: the process actually denied.
 Syscall = collections.namedtuple("Syscall", "serial pid comm exe")
 Record = Access | Domain | Syscall
@@ -87,8 +89,8 @@ def status() -> Status:
 
 
 def set_status(**fields: int) -> None:
-    """Change the named fields (enabled, failure, rate_limit, backlog_limit);
-    never pid: a reader is no audit daemon."""
+    """Change the named fields (enabled, failure, rate_limit, backlog_limit,
+    backlog_wait_time); never pid: a reader is no audit daemon."""
     values = dict.fromkeys(Status._fields, 0)
     values.update(fields)
     values["mask"] = sum(MASK[name] for name in fields)
@@ -179,7 +181,7 @@ def parse(typ: int, serial: int, fields: dict[str, bytes]) -> Record | None:
         if domain is None:
             return None
         return Domain(serial, domain, fields.get("status", b"").decode(), _int(fields.get("pid")),
-                      _int(fields.get("denials")))
+                      _int(fields.get("denials")), _int(fields.get("parent"), 16))
     if typ == SYSCALL:
         return Syscall(serial, _int(fields.get("pid")), text(fields.get("comm")), text(fields.get("exe")))
     return None

@@ -24,8 +24,10 @@ from . import syscalls
 # lock_securebits: root stays powerless for good (needs CAP_SETPCAP);
 # rlimits: ((resource, soft, hard), ...), already clamped;
 # restrict_flags: landlock_restrict_self() flags;
-# canary: a file the domain denies, opened once after restrict_self so the
-#   audit log names the new domain with this pid (None: audit not read).
+# canary: a file of this child's alone (an unpredictable name, made by the
+#   supervisor's side for each fork), which the domain denies: opened for
+#   writing once after restrict_self, it makes the audit log name the new
+#   domain with that file (None: audit not read).
 Entry = collections.namedtuple(
     "Entry", "credentials drop_capabilities lock_securebits rlimits restrict_flags canary",
     defaults=(None,))
@@ -102,12 +104,13 @@ def restrict(entry: Entry, ruleset_fd: int) -> None:
 
 
 def mark_domain(canary: str) -> None:
-    """One denied open, before exec, so logged whatever the flags: its
-    audit event names the domain and this pid, which the supervisor knows.
-    Nothing happens if the domain allows it (a manifest granting `/`): the
-    domain is then named by its first logged denial, if any."""
+    """One denied open for writing, before exec, so logged whatever the
+    flags: its audit record names the domain and the file canary, which
+    only this child was told (a manifest reading everything is denied it
+    too). Nothing is logged if the domain allows it (a manifest granting
+    writes there): the domain then stays unknown to the supervisor."""
     try:
-        os.close(os.open(canary, os.O_RDONLY | os.O_CLOEXEC))
+        os.close(os.open(canary, os.O_WRONLY | os.O_CLOEXEC))
     except OSError:
         pass
 

@@ -5,7 +5,9 @@ marks each domain with a canary denial before exec and learns from the
 kernel how many denials a session had, logging nothing after exec;
 `detail` logs every denial (LOG_NEW_EXEC_ON). Audit is host state: only an
 operator's explicit `--audit count|detail` switches it on (and raises the
-backlog when no audit daemon owns it), and it is put back at the end.
+backlog when no audit daemon owns it), and it is put back when the last
+supervisor relying on it is gone (audit_settings). Audit switched off under
+a supervisor is seen within WATCH seconds, and said.
 """
 from __future__ import annotations
 
@@ -15,15 +17,17 @@ import json
 import os
 import select
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from landlock import audit
 
+from . import audit_settings
 from .denials import Denials
 from .log import log
-from .loop import Loop, Timer
+from .loop import Loop, Periodic, Timer
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -36,23 +40,27 @@ BACKLOG = 8192
 READS_PER_TURN = 64
 # An event's records (ACCESS, then SYSCALL at syscall exit, EOE) may be
 # interleaved with other events': kept by serial until its EOE, or this long.
+# (Bounded for memory too: an event may hold two 4 KiB names, a path and an exe.)
 EVENT_WAIT = 0.2
-OPEN_EVENTS_MAX = 4096
+OPEN_EVENTS_MAX = 1024
 # How long an `exited` waits for the kernel's count (the `deallocated`
 # record comes ~60 ms after the domain's last process).
 SETTLE_WAIT = 0.25
 SETTLE_MAX = 2.0     # while records wait unread in the socket
 NOT_VISIBLE = "; `landlock-supervisor learn` writes a manifest from a traced run instead"
+# How often the host's audit status is checked while denials are read.
+WATCH = 1.0
 
 
 @dataclass
 class Mode:
-    """How denials are seen: off, count or detail, why, and the host settings to restore."""
+    """How denials are seen: off, count or detail, why, and the host settings it needs."""
     name: str                 # off, count, detail
     reason: str = ""          # why off, when it is
     panic: bool = False       # failure=2: a lost record panics the host
     nested: bool = False      # the servers' own domains' denials too
-    restore: dict[str, int] = field(default_factory=dict)   # host settings changed, their old values
+    wanted: dict[str, int] = field(default_factory=dict)   # host settings it needs changed
+    holding: bool = False     # a holder in the shared record (audit_settings)
     lost_at_start: int = 0
 
     def describe(self) -> dict[str, Any]:
@@ -120,31 +128,46 @@ def choose(requested: str | None, nested: bool, logging_available: bool) -> Mode
         if requested is None:
             return Mode("off", "audit is off on this host; `serve --audit count` switches it on (host-wide: "
                                "every process's system calls are slower until reboot)" + NOT_VISIBLE)
-        _set(mode, "enabled", 1, status.enabled)
-    if requested is not None and status.pid == 0 and status.backlog_limit < BACKLOG and status.enabled != 2:
-        _set(mode, "backlog_limit", BACKLOG, status.backlog_limit)
+        mode.wanted["enabled"] = 1
+    if requested is not None and status.pid == 0 and status.enabled != 2:
+        # No audit daemon owns the queue: ours is the only reader. A larger
+        # one, and no wait for room in it: a process whose record finds it
+        # full (a flood fills it) would sleep up to 60 s in the kernel, a
+        # child of ours at its canary among them; the record is lost
+        # instead, and counted.
+        if status.backlog_limit < BACKLOG:
+            mode.wanted["backlog_limit"] = BACKLOG
+        if status.backlog_wait_time > 0:
+            mode.wanted["backlog_wait_time"] = 0
     return mode
 
 
-def _set(mode: Mode, name: str, value: int, old: int) -> None:
+def hold(mode: Mode) -> None:
+    """Rely on the host's audit (a holder in the shared record), with the
+    settings the mode needs. Raises OSError when it cannot."""
     try:
-        audit.set_status(**{name: value})
+        changed = audit_settings.hold(mode.wanted)
     except OSError as e:
-        raise SystemExit(f"landlock-supervisor: --audit {mode.name}: cannot set audit {name}: "
-                         f"{e.strerror or e}") from None
-    mode.restore[name] = old
-    log(f"audit: {name} set to {value} (was {old}; put back at the end)")
+        raise OSError(e.errno, f"cannot set the host's audit: {e.strerror or e}") from None
+    mode.holding = True
+    for name, value in changed.items():
+        log(f"audit: {name} set to {value} (put back when no supervisor relies on it)")
 
 
 def restore(mode: Mode) -> None:
-    """Put back what choose() changed (audit stays `ever enabled`, and every
-    process's system calls slower, until reboot: the kernel's doing)."""
-    for name, old in mode.restore.items():
-        try:
-            audit.set_status(**{name: old})
-        except OSError as e:
-            log(f"audit: cannot put {name} back to {old}: {e.strerror or e}")
-    mode.restore.clear()
+    """No longer rely on it: the last holder puts back what was changed
+    (audit stays `ever enabled`, and every process's system calls slower,
+    until reboot: the kernel's doing)."""
+    if not mode.holding:
+        return
+    mode.holding = False
+    try:
+        restored = audit_settings.release()
+    except OSError as e:
+        log(f"audit: cannot put the host's settings back: {e.strerror or e}")
+        return
+    for name, value in restored.items():
+        log(f"audit: {name} put back to {value}")
 
 
 def in_other_netns() -> bool:
@@ -154,22 +177,43 @@ def in_other_netns() -> bool:
         return False
 
 
-def make_canary(directory: str) -> str:
-    """A file every domain denies (no manifest grants the supervisor's own
-    directory) and DAC lets any uid open: a DAC refusal is never logged."""
-    os.makedirs(directory, mode=0o711, exist_ok=True)
-    st = os.lstat(directory)
-    if not os.path.isdir(directory) or os.path.islink(directory) or st.st_uid != os.geteuid():
-        raise OSError(errno.EPERM, f"{directory}: not a directory of ours")
-    os.chmod(directory, 0o711)
-    path = os.path.join(directory, f"canary-{os.getpid()}")
+def make_canary_root(directory: str) -> str:
+    """This supervisor's canary root, `<directory>/<pid>`, empty: where its
+    zygote makes each child's canary (zygote.child.make_canary). Root's
+    and 0711 at both levels: any uid may pass through to a canary whose
+    name it was told, nobody may list one; no manifest grants it."""
+    root = f"{directory}/{os.getpid()}"
+    remove_canaries(root)   # a dead supervisor's, of our pid
+    for path in (directory, root):
+        try:
+            os.mkdir(path, 0o711)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path}: not a directory of ours")
+        os.chmod(path, 0o711, follow_symlinks=False)
+    return root
+
+
+def remove_canaries(root: str) -> None:
+    """The canaries left in root (their records lost), then root."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except OSError:
         pass
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
-    os.chmod(path, 0o444)
-    return path
 
 
 class Reader:
@@ -181,14 +225,17 @@ class Reader:
         self.events: dict[int, tuple[float, list[audit.Access], list[audit.Syscall]]] = {}
         self.overflows = 0        # ENOBUFS: records lost for this reader
         self.timer: Timer | None = None
+        self.busy = False         # records came since the last status (see status())
+        self.last_status: audit.Status | None = None
         denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
-        loop.watch(sock, self.on_readable)
+        loop.watch(sock, self.on_readable, last=True)   # clients' requests first, whatever the flood
 
     def close(self) -> None:
         self.loop.unwatch(self.sock)
         self.sock.close()
 
     def on_readable(self) -> None:
+        self.busy = True
         for _ in range(READS_PER_TURN):
             try:
                 data = self.sock.recv(65536)
@@ -240,19 +287,32 @@ class Reader:
         if self.events:
             self.timer = self.loop.at(EVENT_WAIT, self._flush)
 
+    def status(self) -> audit.Status | None:
+        """The host's audit status, asked only when no record came since the
+        last time: the kernel makes whoever sends it a request sleep while
+        its backlog is over the limit (up to backlog_wait_time, 60 s by
+        default), and a flood keeps it there: the whole loop would wait.
+        Else (audit is on: records flow) the last answer, None before any."""
+        if not self.busy:
+            try:
+                self.last_status = audit.status()
+            except OSError:
+                pass
+        self.busy = False
+        return self.last_status
+
     def lost(self, mode: Mode) -> dict[str, int]:
         """What the kernel dropped since start (all record types: its
-        counter is host-wide) and what this reader could not hold."""
-        try:
-            kernel = max(0, audit.status().lost - mode.lost_at_start)
-        except OSError:
-            kernel = -1
+        counter is host-wide; as of the last status), and what this reader
+        could not hold."""
+        status = self.status()
+        kernel = -1 if status is None else max(0, status.lost - mode.lost_at_start)
         return {"kernel": kernel, "reader_overflows": self.overflows,
                 "unattributed": self.denials.unattributed}
 
 
-# The canary every domain denies, where no manifest grants.
-CANARY_DIR = "/run/landlock-supervisor-audit"
+# Where the canaries are, which no manifest grants.
+CANARY_DIR = audit_settings.DIRECTORY
 # A `denials` reply holds the newest that fit in one datagram (64 KiB).
 REPLY_MAX = 60000
 
@@ -263,10 +323,13 @@ class Visibility:
     when it was forked), the reader, the canary, who follows."""
 
     def __init__(self, loop: Loop, requested: str | None, nested: bool, private: bool,
-                 session_of: Callable[[int], Any], offer: Callable[[Any, dict[str, Any]], bool]) -> None:
+                 offer: Callable[[Any, dict[str, Any]], bool]) -> None:
         import landlock
         self.logging_available = "logging" in landlock.support.probe().features
         self.mode = choose(requested, nested, self.logging_available)
+        self.blind: str | None = None      # why denials are no longer seen (audit switched off under us)
+        # In every `spawned`, and the `denials` reply: updated in place.
+        self.report: dict[str, Any] = self.mode.describe()
         self.offer = offer
         self.followers: list[Any] = []     # connections of `denials --follow`
         self.reader: Reader | None = None
@@ -274,7 +337,7 @@ class Visibility:
         # (A private supervisor's stderr is its client's: `run` says it when a server fails.)
         self.quiet = private
         if self.mode.name != "off":
-            self._read(loop, requested, session_of)
+            self._read(loop, requested)
         elif requested != "off":
             self._say(f"denials: not visible: {self.mode.reason}")
 
@@ -282,20 +345,50 @@ class Visibility:
         if not self.quiet:
             log(line)
 
-    def _read(self, loop: Loop, requested: str | None, session_of: Callable[[int], Any]) -> None:
+    def _read(self, loop: Loop, requested: str | None) -> None:
         try:
-            self.canary = make_canary(CANARY_DIR)
+            hold(self.mode)
+            self.canary = make_canary_root(CANARY_DIR)
             sock = audit.open_reader()
         except (audit.Unavailable, OSError) as e:
             self.close()
             if requested is not None:
                 raise SystemExit(f"landlock-supervisor: --audit {self.mode.name}: {e}") from None
             self.mode = Mode("off", f"{e}{NOT_VISIBLE}")
+            self._describe()
             self._say(f"denials: not visible: {self.mode.reason}")
             return
-        denials = Denials(self.canary, session_of, lambda s, event: self.offer(s.conn, event), self._tell_followers)
+        denials = Denials(self.canary, lambda s, event: self.offer(s.conn, event), self._tell_followers)
         self.reader = Reader(loop, sock, denials)
+        self.reader.status()   # (no record read yet: asked)
+        Periodic(loop, WATCH, self._watch).start()
         self._say(f"denials: {self.mode.name} mode" + (" (nested domains too)" if self.mode.nested else ""))
+
+    def _describe(self) -> None:
+        self.report.clear()
+        self.report.update({"mode": "off", "reason": self.blind} if self.blind else self.mode.describe())
+
+    def _watch(self) -> bool:
+        """Audit switched off under us (by another process): said, not
+        reported as zero denials; and when it is back on."""
+        if self.reader is None:
+            return False
+        if self.reader.busy:   # records flow: audit is on (and asking could make the loop wait)
+            self.reader.busy = False
+            return True
+        status = self.reader.status()
+        if status is None:
+            return True
+        if bool(self.blind) != (status.enabled == 0):
+            if status.enabled == 0:
+                self.blind = (f"audit was switched off on this host at {time.strftime('%H:%M:%S')} by another "
+                              f"process: denials are not seen (the mode was {self.mode.name})")
+                self._say(f"denials: not visible any more: {self.blind}")
+            else:
+                self.blind = None
+                self._say(f"denials: {self.mode.name} mode again (audit is back on)")
+            self._describe()
+        return True
 
     @property
     def denials(self) -> Denials | None:
@@ -312,7 +405,7 @@ class Visibility:
     def reply(self, uid: int, everyone: bool) -> dict[str, Any]:
         """The `denials` reply: the recent ones uid may see (everyone: all),
         newest last, as many as fit in one datagram."""
-        reply: dict[str, Any] = {"event": "denials", **self.mode.describe(), "recent": [], "omitted": 0}
+        reply: dict[str, Any] = {"event": "denials", **self.report, "recent": [], "omitted": 0}
         if self.reader is not None:
             reply["lost"] = self.reader.lost(self.mode)
             visible = [d for d in self.reader.denials.recent if everyone or d["uid"] == uid]
@@ -336,14 +429,11 @@ class Visibility:
             self.followers.remove(conn)
 
     def close(self) -> None:
-        """The reader closed, the canary removed, the host's settings put back."""
+        """The reader closed, the canaries removed, the host's settings put back."""
         if self.reader is not None:
             self.reader.close()
             self.reader = None
         if self.canary is not None:
-            try:
-                os.unlink(self.canary)
-            except OSError:
-                pass
+            remove_canaries(self.canary)
             self.canary = None
         restore(self.mode)

@@ -89,7 +89,7 @@ class Children:
         if pooled is None:
             self._fresh(conn, m, launch, stdio)
             return
-        pid, errpipe, gid = pooled
+        pid, errpipe, gid, canary = pooled
         retry = None
         if gid is None:
             # Others of its uid and gid could prlimit it while it waited: it
@@ -98,7 +98,7 @@ class Children:
             retry = (launch, stdio)
         else:
             protocol.close_all(stdio)
-        self._track(conn, m, launch, pid, errpipe, gid, retry)
+        self._track(conn, m, launch, pid, errpipe, gid, retry, canary)
 
     def _fresh(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
         """A fresh child for the request: the zygote forks it. Closes stdio."""
@@ -108,7 +108,7 @@ class Children:
             except OSError as e:
                 raise Refused(Code.TOO_MANY_CHILDREN, str(e)) from None
             try:
-                pid, errpipe, gid = self.zygote.spawn(launch, stdio, gid)
+                pid, errpipe, gid, canary = self.zygote.spawn(launch, stdio, gid)
             except OSError as e:
                 self.release_gid(gid)
                 if e.errno in (errno.EMFILE, errno.ENFILE):
@@ -119,10 +119,10 @@ class Children:
             raise
         finally:
             protocol.close_all(stdio)
-        self._track(conn, m, launch, pid, errpipe, gid, None)
+        self._track(conn, m, launch, pid, errpipe, gid, None, canary)
 
     def _track(self, conn: Connection, m: Manifest, launch: Launch, pid: int, errpipe: int,
-               gid: int | None, retry: Retry | None) -> None:
+               gid: int | None, retry: Retry | None, canary: str | None) -> None:
         previous = self.sessions.get(pid)
         if previous is not None:
             # pids wrap: the last child with this pid was reaped in this same
@@ -137,7 +137,7 @@ class Children:
         conn.session = session
         self.sessions[pid] = session
         if self.denials is not None:
-            session.tally = Tally(quiet=m.quiet_denials)
+            session.tally = Tally(quiet=m.quiet_denials, canary=canary)
             self.denials.started(session)
         self.loop.watch(errpipe, lambda: self.on_errpipe(session))
         self.tick.start()  # the sweep also watches our own limits while children run

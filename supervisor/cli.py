@@ -54,7 +54,9 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "session) or detail (each one, to the session's client); switches host audit on if "
                             "it is off. Default: count where audit is already on, else off")
     serve.add_argument("--audit-nested", action="store_true",
-                       help="also the denials of a server's own Landlock domains (off: a server could flood)")
+                       help="also log the denials of a server's own Landlock domains (off: a server could "
+                            "flood); the kernel does not say whose they are (Linux 6.18 names no parent domain), so "
+                            "they are only counted as unattributed in `denials`, never told to a session")
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--only", metavar="NAME", help=argparse.SUPPRESS)  # private mode for one server
     # learn's scratch supervisor: its manifest's dynamic uid is the one recorded for the real state root.

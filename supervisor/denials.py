@@ -1,22 +1,30 @@
 """What the kernel denied each session: a record's domain -> its session, one event per distinct denial, rate-limited, with the manifest line that would allow it.
 
 The records are Landlock's (landlock.audit); which are read at all is
-supervisor/audit.py's business. A domain is learnt from its `allocated`
-record, whose pid is the child that called landlock_restrict_self: the
-session's pid (a canary denial before exec makes that record at spawn).
-A server's own nested domain has its creator's pid: its session is the
-one whose process session holds it.
+supervisor/audit.py's business. A session's own domain is the one named by
+the record of its canary: a file with a random name the zygote made for
+that child alone, which the child, confined, tries to open for writing
+before exec (landlock.enter.mark_domain). Nobody else can name it (its
+directory is not listable), and it is removed at its first record: a
+second one is nobody's. Nothing else attributes a domain: not a pid (reused, and
+the `allocated` record names the pid that created a domain, whenever its
+first denial comes: a foreign domain made from a pid a session's child
+later gets would pass for the session's), not a process session. A
+server's own nested domain is the session's only where the kernel names
+its parent domain (6.18 does not): otherwise its denials are unattributed.
 """
 from __future__ import annotations
 
 import collections
+import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from landlock import audit, rights
 
-from . import procfs, refusal
+from . import refusal
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -27,13 +35,17 @@ if TYPE_CHECKING:
 # costs its client one line, a flood of distinct ones a bounded trickle.
 DISTINCT_MAX = 512
 RATE, BURST = 20.0, 50
-# Records of a domain not known yet (the allocated record comes in the next
-# event for a task without an audit context): kept this long, this many.
-UNKNOWN_WAIT, UNKNOWN_MAX = 2.0, 1024
-# Allocated records of pids that are no session yet (the zygote's report of
-# a fork can come after the child's canary), or pooled children waiting.
-PENDING_MAX = 4096
+# Records of a domain not known yet (its canary's event may complete up to
+# EVENT_WAIT after a later one: a task without an audit context has no
+# EOE): kept this long, for this many domains, this many records in all
+# (the rest counted as unattributed at once): memory stays bounded (each
+# may hold two 4 KiB names) whatever a flood of foreign domains sends.
+UNKNOWN_WAIT, UNKNOWN_MAX, UNKNOWN_KEPT = 0.5, 1024, 256
+# Canary records of pooled children not handed a session yet.
+UNCLAIMED_MAX = 4096
 RECENT_MAX = 1000
+# The zygote's canary names (zygote.child.make_canary).
+_CANARY_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 def home_dirs() -> frozenset[str]:
@@ -103,6 +115,8 @@ def describe(access: audit.Access) -> tuple[str, str]:
 class Tally:
     """One session's denials."""
     quiet: tuple[str, ...]                   # path prefixes its profiles expect denied (node's /proc reads)
+    canary: str | None = None                # its child's canary file (see the module's doc)
+    own: int | None = None                   # the domain its canary's record named
     domains: set[int] = field(default_factory=set)
     received: int = 0                        # denials whose records reached us
     shown: int = 0                           # distinct ones told
@@ -135,22 +149,22 @@ class Denials:
     """Records in, `denied` events out (to the session's client, and to
     whoever follows), counts kept per session."""
 
-    def __init__(self, canary: str | None, session_of: Callable[[int], Any],
-                 tell: Callable[[Any, dict[str, Any]], bool], follow: Callable[[dict[str, Any], int], None]) -> None:
-        self.canary = canary
-        self.session_of = session_of   # pid -> Session or None
+    def __init__(self, canary_root: str | None, tell: Callable[[Any, dict[str, Any]], bool],
+                 follow: Callable[[dict[str, Any], int], None]) -> None:
+        self.canary_root = canary_root  # where this supervisor's zygote makes canaries
         self.tell = tell               # (session, event): to its client, if it reads them (whether it went)
         self.follow = follow           # (event, the session's uid): to followers
         # What no line proposes (refusal.py): the server adds its servers'
         # HOMEs and its own directories once it knows them.
         self.known = refusal.known(home_dirs(), ())
         self.domains: dict[int, Any] = {}                                   # domain -> Session
-        self.pending: collections.OrderedDict[int, int] = collections.OrderedDict()   # pid -> domain
-        self.pending_pid: dict[int, int] = {}                                   # domain -> pid
-        # Domains whose canary denial was seen: the kernel's count holds it.
-        self.marked: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.claims: dict[str, Any] = {}     # canary name -> the session still waiting for its record
+        # Canary records that came before their session (a pooled child's): name -> domain, and back.
+        self.unclaimed: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.unclaimed_name: dict[int, str] = {}
         self.unknown: collections.OrderedDict[int, list[tuple[float, audit.Access, audit.Syscall | None]]] = \
             collections.OrderedDict()
+        self.unknown_kept = 0          # records in `unknown`
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_MAX)
         self.unattributed = 0
         self.behind: Callable[[], bool] = lambda: False   # records wait unread (the reader says)
@@ -158,53 +172,78 @@ class Denials:
     # ---- domains ------------------------------------------------------
 
     def domain(self, record: audit.Domain) -> None:
-        if record.status == "allocated" and record.pid is not None:
-            session = self._owner(record.pid)
-            if session is None:
-                self.pending[record.pid] = record.domain
-                self.pending_pid[record.domain] = record.pid
-                while len(self.pending) > PENDING_MAX:
-                    self.pending_pid.pop(self.pending.popitem(last=False)[1], None)
-            else:
+        if record.status == "allocated" and record.parent is not None:
+            session = self.domains.get(record.parent)   # a nested domain, its parent named by the kernel
+            if session is not None:
                 self._attach(session, record.domain)
         elif record.status == "deallocated":
             session = self.domains.pop(record.domain, None)
-            self.unknown.pop(record.domain, None)
-            pid = self.pending_pid.pop(record.domain, None)
-            if pid is not None and self.pending.get(pid) == record.domain:
-                del self.pending[pid]
-            canary = record.domain in self.marked
-            self.marked.pop(record.domain, None)
+            self._drop_unknown(record.domain)
+            name = self.unclaimed_name.pop(record.domain, None)
+            if name is not None:
+                self.unclaimed.pop(name, None)
             if session is not None and session.tally is not None and record.denials is not None:
                 tally = session.tally
+                canary = record.domain == tally.own
                 tally.kernel = (tally.kernel or 0) + max(0, record.denials - canary)
                 if tally.on_settled is not None and not any(d in self.domains for d in tally.domains):
                     settled, tally.on_settled = tally.on_settled, None
                     settled()
-
-    def _owner(self, pid: int) -> Any:
-        """The session of a domain's creator: itself, or the session leader of
-        its process session (a server's own nested domain)."""
-        session = self.session_of(pid)
-        if session is None:
-            leader = procfs.session_of(pid)
-            session = self.session_of(leader) if leader else None
-        return session
 
     def _attach(self, session: Any, domain: int) -> None:
         if session.tally is None:
             return
         session.tally.domains.add(domain)
         self.domains[domain] = session
-        for _, access, syscall in self.unknown.pop(domain, []):
+        kept = self.unknown.pop(domain, [])
+        self.unknown_kept -= len(kept)
+        for _, access, syscall in kept:
             self._count(session, access, syscall)
 
     def started(self, session: Any) -> None:
-        """A new session (fresh or pooled): its domain may be known already."""
-        domain = self.pending.pop(session.pid, None)
-        if domain is not None:
-            self.pending_pid.pop(domain, None)
-            self._attach(session, domain)
+        """A new session (fresh or pooled): its canary's record may have come already."""
+        if session.tally is None or session.tally.canary is None:
+            return
+        name = os.path.basename(session.tally.canary)
+        domain = self.unclaimed.pop(name, None)
+        if domain is None:
+            self.claims[name] = session
+            return
+        self.unclaimed_name.pop(domain, None)
+        self._own(session, domain)
+
+    def _marked(self, name: str, domain: int) -> None:
+        """A record of one of our canaries: it names that child's domain,
+        the first time only (the canary goes now: a second record of it is
+        nobody's, whoever made it)."""
+        try:
+            os.unlink(f"{self.canary_root}/{name}")
+        except FileNotFoundError:
+            self.unattributed += 1
+            return
+        session = self.claims.pop(name, None)
+        if session is not None:
+            self._own(session, domain)
+            return
+        self.unclaimed[name] = domain
+        self.unclaimed_name[domain] = name
+        while len(self.unclaimed) > UNCLAIMED_MAX:   # (deallocated records lost)
+            self.unclaimed_name.pop(self.unclaimed.popitem(last=False)[1], None)
+
+    def _own(self, session: Any, domain: int) -> None:
+        """A session has one own domain: another is nobody's."""
+        if session.tally is None or session.tally.own is not None:
+            self.unattributed += 1
+            return
+        session.tally.own = domain
+        self._attach(session, domain)
+
+    def _canary_name(self, access: audit.Access) -> str | None:
+        """The name of our canary the access names, or None."""
+        if self.canary_root is None or access.path is None or access.blockers != ("fs.write_file",):
+            return None
+        parent, _, name = access.path.rpartition("/")
+        return name if parent == self.canary_root and _CANARY_NAME.fullmatch(name) else None
 
     def awaits(self, session: Any) -> bool:
         """Whether its `exited` should wait for the kernel's count: a
@@ -217,28 +256,47 @@ class Denials:
         for domain in session.tally.domains if session.tally else ():
             if self.domains.get(domain) is session:
                 del self.domains[domain]
+        canary = session.tally.canary if session.tally else None
+        if canary is not None and self.claims.get(os.path.basename(canary)) is session:
+            del self.claims[os.path.basename(canary)]   # its record never came: the canary goes
+            try:
+                os.unlink(canary)
+            except OSError:
+                pass
 
     # ---- denials ------------------------------------------------------
 
     def access(self, access: audit.Access, syscall: audit.Syscall | None) -> None:
-        if self.canary is not None and access.path == self.canary:
-            self.marked[access.domain] = None
-            while len(self.marked) > PENDING_MAX:   # (deallocated records lost)
-                self.marked.popitem(last=False)
+        name = self._canary_name(access)
+        if name is not None:
+            self._marked(name, access.domain)
             return
         session = self.domains.get(access.domain)
         if session is None:
-            now = time.monotonic()
-            for domain, kept in list(self.unknown.items()):
-                if kept[0][0] > now - UNKNOWN_WAIT:
-                    break
-                self.unattributed += len(kept)
-                del self.unknown[domain]
-            self.unknown.setdefault(access.domain, []).append((now, access, syscall))
-            while len(self.unknown) > UNKNOWN_MAX:
-                self.unattributed += len(self.unknown.popitem(last=False)[1])
+            self._keep_unknown(access, syscall)
             return
         self._count(session, access, syscall)
+
+    def _keep_unknown(self, access: audit.Access, syscall: audit.Syscall | None) -> None:
+        """Kept a while in case its domain's canary record completes later;
+        bounded in domains and in records."""
+        now = time.monotonic()
+        while self.unknown:
+            oldest, first = next(iter(self.unknown.items()))
+            if first[0][0] > now - UNKNOWN_WAIT and len(self.unknown) < UNKNOWN_MAX:
+                break
+            self._drop_unknown(oldest)
+        if self.unknown_kept >= UNKNOWN_KEPT:
+            self.unattributed += 1
+            return
+        self.unknown.setdefault(access.domain, []).append((now, access, syscall))
+        self.unknown_kept += 1
+
+    def _drop_unknown(self, domain: int) -> None:
+        kept = self.unknown.pop(domain, None)
+        if kept is not None:
+            self.unknown_kept -= len(kept)
+            self.unattributed += len(kept)
 
     def _count(self, session: Any, access: audit.Access, syscall: audit.Syscall | None) -> None:
         tally = session.tally

@@ -40,6 +40,7 @@ class Loop:
         self.selector = selectors.DefaultSelector()
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()   # equal times run in the order they were set
+        self._last: set[int] = set()    # fds handled after every other one ready in the same turn
 
     def at(self, delay: float, callback: Callable[[], Any]) -> Timer:
         """Run callback after delay seconds (unless cancelled)."""
@@ -47,12 +48,15 @@ class Loop:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), timer))
         return timer
 
-    def watch(self, fileobj: Any, callback: Callable[[], None]) -> None:
-        """callback() whenever fileobj is readable."""
-        self.selector.register(fileobj, selectors.EVENT_READ, lambda key: callback())
+    def watch(self, fileobj: Any, callback: Callable[[], None], last: bool = False) -> None:
+        """callback() whenever fileobj is readable; `last`: after whatever
+        else is ready in the same turn (a flood there never goes first)."""
+        key = self.selector.register(fileobj, selectors.EVENT_READ, lambda key: callback())
+        if last:
+            self._last.add(key.fd)
 
     def unwatch(self, fileobj: Any) -> None:
-        self.selector.unregister(fileobj)
+        self._last.discard(self.selector.unregister(fileobj).fd)
 
     def catch(self, signals: Iterable[int], handler: Callable[[set[int]], None]) -> None:
         """handler(the signal numbers received) in the loop, not in a signal handler."""
@@ -74,7 +78,10 @@ class Loop:
             timeout = None
             if self._timers:
                 timeout = max(0.0, self._timers[0][0] - time.monotonic())
-            for key, _ in self.selector.select(timeout):
+            ready = self.selector.select(timeout)
+            if self._last and len(ready) > 1:
+                ready.sort(key=lambda item: item[0].fd in self._last)
+            for key, _ in ready:
                 guarded(key.data, key)
             now = time.monotonic()
             while self._timers and self._timers[0][0] <= now:

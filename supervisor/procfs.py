@@ -46,14 +46,6 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z", "X")
 
 
-def session_of(pid: int) -> int | None:
-    """Its session id, None when it is gone."""
-    try:
-        return _field(stat_fields(pid), 3)
-    except OSError:
-        return None
-
-
 def children_of(pid: int) -> list[int]:
     return [child for child, fields in stats() if _field(fields, 1) == pid]
 

@@ -120,10 +120,9 @@ class Supervisor:
             "describe": self._describe, "status": self._status, "signal": self._signal,
             "denials": self._denials}
         self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
-                                           config.control_fd is not None, self.children.sessions.get,
-                                           self.connections.offer)
+                                           config.control_fd is not None, self.connections.offer)
         self.children.denials = self.visibility.denials
-        self.children.visibility = self.visibility.mode.describe()
+        self.children.visibility = self.visibility.report
         self.confinements.canary = self.visibility.canary
         try:
             self.manifests, self.withdrawn = self._load_manifests()

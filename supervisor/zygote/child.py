@@ -71,6 +71,39 @@ _CLONE_ARGS[4 if MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(
 SESSION_GID_UMASK = 0o070   # the bits a child with a session gid always masks
 
 
+def make_canary(root: str | None) -> str | None:
+    """One child's canary (landlock.enter.mark_domain): an empty file in the
+    supervisor's canary root with a random name nobody else can learn (the
+    root is root's, 0711: not listable), writable by any uid (0666: DAC
+    decides before Landlock, and must let the write through to be denied by
+    the domain). None without a root (denials not read) or when it cannot
+    be made: that child's denials are then not attributed, and the zygote
+    says why."""
+    if root is None:
+        return None
+    path = f"{root}/{os.urandom(16).hex()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            os.fchmod(fd, 0o666)   # whatever our umask
+        finally:
+            os.close(fd)
+    except OSError as e:
+        os.write(2, f"landlock-supervisor zygote: no canary for a child: {e}\n".encode(errors="replace"))
+        return None
+    return path
+
+
+def remove_canary(canary: str | None) -> None:
+    """A child that never ran: its canary goes (the supervisor removes the
+    others once their record came)."""
+    if canary is not None:
+        try:
+            os.unlink(canary)
+        except OSError:
+            pass
+
+
 def lock_helper_mutex() -> None:
     """Once, before the first fork. Process-shared: a shared futex is what
     the kernel's clear-tid wakes. Locked with no owner: pthread_mutex_lock()
@@ -85,14 +118,15 @@ def lock_helper_mutex() -> None:
 
 def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None, err_w: int, ruleset_fd: int, *,
          stdio: list[int] | None = None, request: int = -1, size: int = 0,
-         handover: int = -1, helper: bool = False) -> int:
+         handover: int = -1, helper: bool = False, canary: str | None = None) -> int:
     """Fork a child that becomes target (a messages.Spawn or Pool): a fresh
     one (stdio, and its Request in the memfd `request`) or a pooled one
-    (its hand-over socket; with an exec helper if `helper`). Returns its
-    pid; the child leaves by exec or os._exit."""
+    (its hand-over socket; with an exec helper if `helper`), marking its
+    domain with its own `canary` (make_canary). Returns its pid; the child
+    leaves by exec or os._exit."""
     if enter.thread_count(zygote.stat_fd) != 1:
         raise OSError(errno.EDEADLK, "the zygote has more than one thread: refusing to fork")
-    entry = target.entry
+    entry = target.entry if target.entry.canary == canary else target.entry._replace(canary=canary)
     if gid is not None:
         # A gid no other process has: prlimit(2) needs the caller's uid AND
         # gid to match the target's. Made here, not in the child, where

@@ -67,8 +67,10 @@ class _Pool:
 
 class _Starting:
     """A pooled child not ready yet."""
-    def __init__(self, name: str, generation: int, pid: int, handover: socket.socket, gid: int | None) -> None:
+    def __init__(self, name: str, generation: int, pid: int, handover: socket.socket, gid: int | None,
+                 canary: str | None) -> None:
         self.name, self.generation, self.pid, self.handover, self.gid = name, generation, pid, handover, gid
+        self.canary = canary
         self.said = bytearray()
 
 
@@ -105,16 +107,19 @@ class ZygoteLoop:
         self.handlers[type(message)](message, fds)
 
     def _spawn(self, message: Spawn, fds: list[int]) -> None:
+        canary = None
         try:
             if len(fds) < 5:
                 self._answer(ForkFailed(0, f"a spawn takes stdio, its request and error pipe, got {len(fds)} fds"))
                 return
+            canary = child.make_canary(message.entry.canary)
             pid = child.fork(self.zygote, message, message.gid, fds[4], fds[5] if len(fds) > 5 else -1,
-                             stdio=fds[:3], request=fds[3], size=message.size)
+                             stdio=fds[:3], request=fds[3], size=message.size, canary=canary)
         except OSError as e:
+            child.remove_canary(canary)
             self._answer(ForkFailed(e.errno or 0, e.strerror or str(e)))
         else:
-            self._answer(Forked(pid))
+            self._answer(Forked(pid, canary))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -143,12 +148,13 @@ class ZygoteLoop:
 
     def _prefork(self, name: str, pool: _Pool, gid: int | None) -> None:
         r = w = -1
+        canary = child.make_canary(pool.target.entry.canary)
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             try:
                 r, w = os.pipe2(os.O_CLOEXEC)
                 pid = child.fork(self.zygote, pool.target, gid, w, pool.ruleset_fd, handover=theirs.fileno(),
-                                 helper=pool.helper)
+                                 helper=pool.helper, canary=canary)
             except OSError:
                 ours.close()
                 raise
@@ -156,6 +162,7 @@ class ZygoteLoop:
                 theirs.close()
         except OSError as e:
             os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
+            child.remove_canary(canary)
             self._unused([gid, *pool.gids])  # the next refill tries again
             pool.gids = []
             if r >= 0:
@@ -164,7 +171,7 @@ class ZygoteLoop:
         finally:
             if w >= 0:
                 os.close(w)
-        self.starting[r] = _Starting(name, pool.generation, pid, ours, gid)
+        self.starting[r] = _Starting(name, pool.generation, pid, ours, gid, canary)
 
     def _started(self, pipe: int) -> None:
         """A pooled child spoke: a helper made, ready, or why it failed (EOF)."""
@@ -182,8 +189,10 @@ class ZygoteLoop:
         name, generation, pid, gid = starting.name, starting.generation, starting.pid, starting.gid
         try:
             if data:
-                self._announce(Pooled(name, generation, pid, helper, gid), [starting.handover.fileno()])
+                self._announce(Pooled(name, generation, pid, helper, gid, starting.canary),
+                               [starting.handover.fileno()])
             else:
+                child.remove_canary(starting.canary)
                 why = rest.decode(errors="replace") or "it exited"
                 os.write(2, f"landlock-supervisor zygote: a pooled child for {name!r} failed: {why}\n"
                          .encode(errors="replace"))

@@ -6,12 +6,12 @@ zygote (zygote.main), so that each has one reader on either side:
   REQUESTS_FD, asked and answered in turn (the supervisor waits for each answer):
     -> Ready(pid)                                   once, at start
     Spawn(...) + [stdin, stdout, stderr, request, error pipe(, ruleset)]
-      -> Forked(pid) | ForkFailed(errno, message)
+      -> Forked(pid, canary) | ForkFailed(errno, message)
     Pool(...) + [(ruleset)]: keep forking children for it, one per gid
     Refill(name, generation, gid): one was used, fork another
     Drain(name): stop forking for it
   EVENTS_FD, what the zygote says unasked:
-    -> Pooled(name, generation, pid, helper, gid) + [hand-over socket]: one is ready
+    -> Pooled(name, generation, pid, helper, gid, canary) + [hand-over socket]: one is ready
     -> PoolFailed(name, generation, pid, helper, why, gid): one died first
     -> Unused(gids): gids given for children that will never be forked
        (the pool was replaced or drained, or a fork failed)
@@ -21,7 +21,9 @@ Spawn and Pool start with the same four fields, what the child becomes
 A gid is the child's session gid (a root supervisor gives each child its
 own: it replaces the credentials' gid, or makes an allow_root child uid 0
 with that gid), or None: the credentials as they are. helper is the pid of a
-pooled child's exec helper, or 0 (see zygote.main).
+pooled child's exec helper, or 0 (see zygote.main). canary is the file the
+zygote made for that child alone to mark its Landlock domain with
+(zygote.child.make_canary), or None: the supervisor knows the domain by it.
 
 A child's argv and environment are a Request: a fresh child reads it after
 the fork from the `request` memfd (`size` bytes), a pooled one from its
@@ -54,9 +56,9 @@ Pool = collections.namedtuple("Pool", "program cwd umask entry name generation g
 Refill = collections.namedtuple("Refill", "name generation gid")
 Drain = collections.namedtuple("Drain", "name")
 Ready = collections.namedtuple("Ready", "pid")
-Forked = collections.namedtuple("Forked", "pid")
+Forked = collections.namedtuple("Forked", "pid canary")
 ForkFailed = collections.namedtuple("ForkFailed", "errno message")
-Pooled = collections.namedtuple("Pooled", "name generation pid helper gid")
+Pooled = collections.namedtuple("Pooled", "name generation pid helper gid canary")
 PoolFailed = collections.namedtuple("PoolFailed", "name generation pid helper why gid")
 Unused = collections.namedtuple("Unused", "gids")
 Request = collections.namedtuple("Request", "argv env")

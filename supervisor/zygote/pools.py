@@ -103,6 +103,7 @@ class Waiting:
     pid: int
     handover: socket.socket   # at its EOF the child exits unused
     gid: int | None = None    # its session gid
+    canary: str | None = None  # what marked its domain (see messages)
 
 
 def proc_limits(pid: int) -> bytes | None:
@@ -207,7 +208,7 @@ class Pools:
                 if self.gids is not None:
                     self.outstanding.discard(message.gid)
                 self.ready.setdefault(message.name, []).append(
-                    Waiting(message.pid, socket.socket(fileno=fds[0]), message.gid))
+                    Waiting(message.pid, socket.socket(fileno=fds[0]), message.gid, message.canary))
                 return
             # failed, of a pool since replaced, or its socket lost (we are out of fds)
             if message.pid:

@@ -51,8 +51,8 @@ class Launch:
 
 # A child forked for a request, fresh or pooled: its pid, the read end of its
 # error pipe (EOF at exec, else a ChildFailure), its session gid (the
-# caller's to give back once the child is reaped).
-Started = tuple[int, int, "int | None"]
+# caller's to give back once the child is reaped), its canary (see messages).
+Started = tuple[int, int, "int | None", "str | None"]
 
 
 def _error_pipe() -> tuple[int, int]:
@@ -143,7 +143,7 @@ class ZygoteProcess:
         finally:
             os.close(memfd)
         if isinstance(reply, Forked):
-            return reply.pid, errpipe, gid
+            return reply.pid, errpipe, gid, reply.canary
         os.close(errpipe)
         if isinstance(reply, ForkFailed):
             raise OSError(reply.errno, reply.message)
@@ -185,7 +185,7 @@ class ZygoteProcess:
                 finally:
                     child.handover.close()
                 self._refill(name, generation, launch.session_gid)
-                return child.pid, errpipe, child.gid
+                return child.pid, errpipe, child.gid, child.canary
         finally:
             os.close(err_w)
         os.close(errpipe)

@@ -428,7 +428,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(w)   # "exec'd": EOF waits on the error pipe
         pipes.append(r)
-        return pid, r, gid   # zygote.process.Started
+        return pid, r, gid, None   # zygote.process.Started
     monkeypatch.setattr(supervisor.zygote, "spawn", fake_spawn)
     sent = []
     monkeypatch.setattr(supervisor.connections, "send", lambda conn, message: sent.append((conn, message["event"])))

@@ -49,8 +49,8 @@ ENTRY = enter.Entry((1000, 1000, (1000, 27)), (0, 1, 2), True, ((7, 1024, 4096),
 @pytest.mark.parametrize("message", [
     messages.Spawn("/bin/true", "/", 0o22, ENTRY, 1879113728, 120),
     messages.Pool("/bin/true", "/tmp", 0o77, ENTRY, "web", 3, (1879113729, None)),
-    messages.Refill("web", 3, None), messages.Drain("web"), messages.Ready(42), messages.Forked(43),
-    messages.ForkFailed(11, "Resource temporarily unavailable"), messages.Pooled("web", 3, 44, 45, None),
+    messages.Refill("web", 3, None), messages.Drain("web"), messages.Ready(42), messages.Forked(43, None),
+    messages.ForkFailed(11, "Resource temporarily unavailable"), messages.Pooled("web", 3, 44, 45, None, "/run/c/0f"),
     messages.PoolFailed("web", 3, 44, 0, "chdir:13:Permission denied", 1879113729), messages.Unused((1, 2)),
     messages.Request(["/bin/echo", "hi"], {"PATH": "/bin"}),
 ])
@@ -63,7 +63,7 @@ def test_every_message_survives_the_wire(message):
 
 def test_what_is_not_a_message():
     import marshal
-    for data in (b"", b"junk", marshal.dumps(("Nope", 1)), marshal.dumps(("Forked", 1, 2)), marshal.dumps(3)):
+    for data in (b"", b"junk", marshal.dumps(("Nope", 1)), marshal.dumps(("Forked", 1, 2, 3)), marshal.dumps(3)):
         with pytest.raises(ValueError):
             messages.decode(data)
 

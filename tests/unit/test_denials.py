@@ -2,6 +2,7 @@
 log flags chosen, attribution, dedup and rate limit, the lines a person reads."""
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ def test_records_are_parsed_from_a_datagram() -> None:
     assert got[7][1].comm == "npm exec cowsay"
     assert got[8][1] == audit.Domain(21, 0x148a3a11c, "deallocated", None, 13)
     assert len(got) == 9                            # the login record is not ours to keep
+    nested = b"audit(1.2:3): domain=148a3a12a status=allocated mode=enforcing pid=7 parent=148a3a11c"
+    assert list(audit.records(_datagram([(1424, nested)])))[0][1].parent == 0x148a3a11c   # a kernel naming it                            # the login record is not ours to keep
 
 
 KNOWN = refusal.known({"/root", "/home/ann"}, ("/srv/llsv-state",))
@@ -121,57 +124,133 @@ class Session:
 
 
 class World:
-    def __init__(self) -> None:
-        self.sessions: dict[int, Session] = {}
+    def __init__(self, root: Any) -> None:
+        self.root = str(root)
         self.told: list[tuple[int, dict[str, Any]]] = []
         self.followed: list[dict[str, Any]] = []
-        self.denials = d.Denials("/run/canary", self.sessions.get, lambda s, e: self.told.append((s.pid, e)) or True,
+        self.denials = d.Denials(self.root, lambda s, e: self.told.append((s.pid, e)) or True,
                                  lambda e, uid: self.followed.append(e))
 
-    def session(self, pid: int, quiet: tuple[str, ...] = (), spawned: bool = True) -> Session:
-        s = self.sessions[pid] = Session(pid, spawned=spawned, tally=d.Tally(quiet=quiet))
+    def canary(self) -> str:
+        """One child's canary, as the zygote makes it."""
+        path = f"{self.root}/{os.urandom(16).hex()}"
+        open(path, "w").close()
+        return path
+
+    def session(self, pid: int, quiet: tuple[str, ...] = (), spawned: bool = True,
+                canary: str | None = None) -> Session:
+        s = Session(pid, spawned=spawned, tally=d.Tally(quiet=quiet, canary=canary or self.canary()))
         self.denials.started(s)
         return s
+
+    def mark(self, s: Session, domain: int) -> None:
+        """Its child's canary record."""
+        assert s.tally is not None and s.tally.canary is not None
+        self.denials.access(_access(domain, s.tally.canary, ("fs.write_file",)), None)
+
+
+@pytest.fixture
+def w(tmp_path: Any) -> World:
+    return World(tmp_path)
 
 
 def _access(domain: int, path: str, blockers: tuple[str, ...] = ("fs.read_file",)) -> audit.Access:
     return audit.Access(1, domain, blockers, path, None, None, None, None)
 
 
-def test_each_denial_reaches_its_own_session_only() -> None:
-    w = World()
+def test_each_denial_reaches_its_own_session_only(w: World) -> None:
     a, b = w.session(10), w.session(20)
-    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
-    w.denials.domain(audit.Domain(2, 0xB, "allocated", 20, None))
+    w.mark(a, 0xA)
+    w.mark(b, 0xB)
     w.denials.access(_access(0xA, "/etc/a"), None)
     w.denials.access(_access(0xB, "/etc/b"), audit.Syscall(3, 21, "node", "/usr/bin/node"))
     assert [(pid, e["object"]) for pid, e in w.told] == [(10, "/etc/a"), (20, "/etc/b")]
     assert w.told[1][1]["process"] == {"pid": 21, "comm": "node", "exe": "/usr/bin/node"}
     assert a.tally and a.tally.received == 1 and b.tally and b.tally.received == 1
+    assert not os.listdir(w.root)   # each canary goes at its record
 
 
-def test_a_domain_allocated_before_its_session_is_known_is_kept() -> None:
-    w = World()
-    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))   # the canary came before the zygote's word
-    w.denials.access(_access(0xA, "/run/canary"), None)               # the canary itself: never told
+def test_a_foreign_domain_from_a_sessions_pid_is_nobodys(w: World) -> None:
+    # The attack: a domain made from the pid the session's child later got,
+    # its first denial after the fork (its `allocated` record names that pid).
     s = w.session(10)
+    w.mark(s, 0xA)
+    w.denials.domain(audit.Domain(1, 0xF, "allocated", 10, None))
+    w.denials.access(_access(0xF, "/etc/cron.d", ("fs.make_reg",)), None)
+    w.denials.domain(audit.Domain(2, 0xF, "deallocated", None, 1))
+    assert not w.told and s.tally is not None and s.tally.received == 0 and s.tally.kernel is None
+    assert w.denials.unattributed == 1
+
+
+def test_a_second_record_of_a_canary_is_nobodys(w: World) -> None:
+    s = w.session(10)
+    w.mark(s, 0xA)
+    w.mark(s, 0xF)   # whoever learnt the name: gone at the first record
+    w.denials.access(_access(0xF, "/etc/x"), None)
+    assert s.tally is not None and s.tally.own == 0xA and s.tally.domains == {0xA}
+    assert w.denials.unattributed == 1 and not w.told
+
+
+@pytest.mark.parametrize("path, blockers", [
+    ("{root}/{name}", ("fs.read_file",)),              # not its write
+    ("/run/elsewhere/{name}", ("fs.write_file",)),      # not our root
+    ("{root}/..", ("fs.write_file",)),                  # not a canary's name
+])
+def test_only_a_write_to_one_of_our_canaries_names_a_domain(w: World, path: str,
+                                                               blockers: tuple[str, ...]) -> None:
+    s = w.session(10)
+    assert s.tally is not None and s.tally.canary is not None
+    w.denials.access(_access(0xF, path.format(root=w.root, name=os.path.basename(s.tally.canary)), blockers), None)
+    assert s.tally.own is None and os.path.isfile(s.tally.canary)
+
+
+def test_a_pooled_childs_canary_before_its_session_is_kept(w: World) -> None:
+    canary = w.canary()
+    w.denials.access(_access(0xA, canary, ("fs.write_file",)), None)   # confined and marked while it waited
+    s = w.session(10, canary=canary)
     w.denials.access(_access(0xA, "/etc/a"), None)
     assert [e["object"] for _, e in w.told] == ["/etc/a"] and s.tally and s.tally.received == 1
+    assert not w.denials.unclaimed and not w.denials.claims
 
 
-def test_accesses_of_a_domain_not_known_yet_wait_for_it() -> None:
-    w = World()
-    w.session(10)
-    w.denials.access(_access(0xA, "/etc/a"), None)   # no audit context: the allocated record comes next
+def test_an_unused_pooled_childs_canary_goes_with_its_domain(w: World) -> None:
+    w.denials.access(_access(0xA, w.canary(), ("fs.write_file",)), None)
+    w.denials.domain(audit.Domain(2, 0xA, "deallocated", None, 1))
+    assert not w.denials.unclaimed and not w.denials.unclaimed_name
+
+
+def test_accesses_before_their_canarys_record_wait_for_it(w: World) -> None:
+    s = w.session(10)
+    w.denials.access(_access(0xA, "/etc/a"), None)   # an event completed before the canary's
     assert not w.told
-    w.denials.domain(audit.Domain(2, 0xA, "allocated", 10, None))
+    w.mark(s, 0xA)
     assert [e["object"] for _, e in w.told] == ["/etc/a"]
 
 
-def test_repeats_are_counted_distinct_ones_rate_limited_quiet_ones_suppressed() -> None:
-    w = World()
+@pytest.mark.parametrize("parent, attributed", [(0xA, True), (None, False), (0xE, False)])
+def test_a_nested_domain_is_the_sessions_only_where_the_kernel_names_its_parent(
+        w: World, parent: int | None, attributed: bool) -> None:
+    s = w.session(10)
+    w.mark(s, 0xA)
+    w.denials.domain(audit.Domain(1, 0xB, "allocated", 10, None, parent))
+    w.denials.access(_access(0xB, "/var/log", ("fs.read_dir",)), None)
+    w.denials.domain(audit.Domain(2, 0xB, "deallocated", None, 4))
+    assert s.tally is not None
+    assert (s.tally.received, s.tally.kernel) == ((1, 4) if attributed else (0, None))
+    assert w.denials.unattributed == (0 if attributed else 1)
+
+
+def test_a_flood_of_unknown_domains_is_bounded_in_domains_and_records(w: World) -> None:
+    for i in range(20_000):
+        w.denials.access(_access(0x1000 + i % 3000, f"/etc/{i % 7}"), None)
+    assert len(w.denials.unknown) <= d.UNKNOWN_MAX
+    assert w.denials.unknown_kept == sum(map(len, w.denials.unknown.values())) <= d.UNKNOWN_KEPT
+    assert w.denials.unattributed + w.denials.unknown_kept == 20_000
+
+
+def test_repeats_are_counted_distinct_ones_rate_limited_quiet_ones_suppressed(w: World) -> None:
     s = w.session(10, quiet=("/proc",))
-    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    w.mark(s, 0xA)
     for _ in range(1000):
         w.denials.access(_access(0xA, "/etc/hostname"), None)
     for i in range(200):
@@ -185,25 +264,30 @@ def test_repeats_are_counted_distinct_ones_rate_limited_quiet_ones_suppressed() 
     assert s.tally.suppressed == 1
 
 
-def test_no_denied_before_spawned_then_in_order() -> None:
-    w = World()
+def test_no_denied_before_spawned_then_in_order(w: World) -> None:
     s = w.session(10, spawned=False)
-    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    w.mark(s, 0xA)
     w.denials.access(_access(0xA, "/etc/a"), None)
     assert not w.told and s.tally and [e["object"] for e in s.tally.early] == ["/etc/a"]
 
 
-def test_the_kernel_count_without_the_canary_settles_the_exit() -> None:
-    w = World()
+def test_the_kernel_count_without_the_canary_settles_the_exit(w: World) -> None:
     s = w.session(10)
-    w.denials.access(_access(0xA, "/run/canary"), None)
-    w.denials.domain(audit.Domain(1, 0xA, "allocated", 10, None))
+    w.mark(s, 0xA)
     assert w.denials.awaits(s)
     settled: list[bool] = []
     assert s.tally is not None
     s.tally.on_settled = lambda: settled.append(True)
     w.denials.domain(audit.Domain(2, 0xA, "deallocated", None, 7))
     assert settled == [True] and s.tally.kernel == 6 and not w.denials.awaits(s)
+
+
+def test_a_session_whose_canary_never_came_is_not_awaited_and_its_canary_goes(w: World) -> None:
+    s = w.session(10)
+    assert s.tally is not None and s.tally.canary is not None
+    assert not w.denials.awaits(s)
+    w.denials.forget(s)
+    assert not w.denials.claims and not os.path.exists(s.tally.canary)
 
 
 def test_lines_escape_what_the_server_named() -> None:
@@ -233,18 +317,20 @@ def _status(**fields: int) -> audit.Status:
 
 
 @pytest.mark.parametrize("requested, status, mode, panic, changes", [
-    (None, _status(enabled=0), "off", False, []),
-    (None, _status(enabled=1), "count", False, []),
-    (None, _status(enabled=1, failure=2), "count", True, []),
-    ("count", _status(enabled=0), "count", False, [{"enabled": 1}, {"backlog_limit": 8192}]),
-    ("count", _status(enabled=1, pid=42), "count", False, []),          # an auditd owns the backlog
-    ("detail", _status(enabled=2), "detail", False, []),                # locked: nothing to change
-    ("detail", _status(enabled=1, failure=2), SystemExit, True, []),
-    ("off", _status(enabled=1), "off", False, []),
+    (None, _status(enabled=0), "off", False, {}),
+    (None, _status(enabled=1), "count", False, {}),
+    (None, _status(enabled=1, failure=2), "count", True, {}),
+    ("count", _status(enabled=0), "count", False, {"enabled": 1, "backlog_limit": 8192}),
+    ("detail", _status(enabled=1, backlog_limit=8192, backlog_wait_time=15000), "detail", False,
+     {"backlog_wait_time": 0}),                                          # a flood loses records, stalls nobody
+    ("count", _status(enabled=1, pid=42), "count", False, {}),          # an auditd owns the backlog
+    ("detail", _status(enabled=2), "detail", False, {}),                # locked: nothing to change
+    ("detail", _status(enabled=1, failure=2), SystemExit, True, {}),
+    ("off", _status(enabled=1), "off", False, {}),
 ])
 def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch, requested: str | None,
                                                  status: audit.Status, mode: Any, panic: bool,
-                                                 changes: list[dict[str, int]]) -> None:
+                                                 changes: dict[str, int]) -> None:
     from supervisor import audit as supervisor_audit
     made: list[dict[str, int]] = []
     monkeypatch.setattr(supervisor_audit.os, "geteuid", lambda: 0)
@@ -256,15 +342,109 @@ def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch
             supervisor_audit.choose(requested, False, True)
         return
     got = supervisor_audit.choose(requested, False, True)
-    assert (got.name, got.panic if got.name != "off" else panic, made) == (mode, panic, changes)
+    assert (got.name, got.panic if got.name != "off" else panic, got.wanted) == (mode, panic, changes)
+    assert made == []   # changed only once it holds the shared record (audit_settings)
     if mode == "off" and requested is None:
         assert "audit is off on this host" in got.reason and "learn" in got.reason
 
 
-def test_a_domain_the_canary_did_not_mark_is_counted_whole() -> None:
-    w = World()
-    s = w.session(10)
-    w.denials.domain(audit.Domain(1, 0xB, "allocated", 10, None))   # a manifest granting the canary, say
-    w.denials.domain(audit.Domain(2, 0xB, "deallocated", None, 7))
-    assert s.tally is not None and s.tally.kernel == 7
-    assert not w.denials.pending and not w.denials.pending_pid and not w.denials.marked
+class _Host:
+    """The kernel's audit settings, faked: what audit_settings sees and sets."""
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **fields: int) -> None:
+        self.status = _status(**fields)
+        monkeypatch.setattr(audit, "status", lambda: self.status)
+        monkeypatch.setattr(audit, "set_status", lambda **f: setattr(self, "status", self.status._replace(**f)))
+
+
+def test_settings_go_back_only_when_no_supervisor_relies_on_them(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    host = _Host(monkeypatch, enabled=0, backlog_limit=64)
+    me = settings._me()
+    other = {"pid": 1, "start": int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19])}
+    who = [me]
+    monkeypatch.setattr(settings, "_me", lambda: who[0])
+    assert settings.hold({"enabled": 1, "backlog_limit": 8192}, str(tmp_path)) == {"enabled": 1, "backlog_limit": 8192}
+    who[0] = other                         # a second supervisor, relying on audit as it is
+    assert settings.hold({"backlog_limit": 4096}, str(tmp_path)) == {}   # a backlog is only ever raised
+    who[0] = me
+    assert settings.release(str(tmp_path)) == {}   # the other still relies on it
+    assert (host.status.enabled, host.status.backlog_limit) == (1, 8192)
+    who[0] = other
+    assert settings.release(str(tmp_path)) == {"enabled": 0, "backlog_limit": 64}
+    assert (host.status.enabled, host.status.backlog_limit) == (0, 64)
+
+
+def test_a_holder_left_by_kill_9_is_dropped(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    host = _Host(monkeypatch, enabled=0)
+    dead = {"pid": os.getpid(), "start": 1}     # its pid, since reused: another start time
+    monkeypatch.setattr(settings, "_me", lambda: dead)
+    settings.hold({"enabled": 1}, str(tmp_path))
+    monkeypatch.undo()
+    host = _Host(monkeypatch, enabled=1)
+    settings.hold({"enabled": 1}, str(tmp_path))     # a newcomer finds audit on, and the dead holder
+    with settings.Record(str(tmp_path)) as record:
+        assert record.holders == [settings._me()] and record.before == {"enabled": 0}
+    assert settings.release(str(tmp_path)) == {"enabled": 0} and host.status.enabled == 0
+
+
+def test_the_record_is_roots_and_never_a_link(tmp_path: Any) -> None:
+    from supervisor import audit_settings as settings
+    os.symlink("/etc/passwd", tmp_path / settings.RECORD)
+    with pytest.raises(OSError):
+        settings.Record(str(tmp_path)).__enter__()
+    os.unlink(tmp_path / settings.RECORD)
+    (tmp_path / settings.RECORD).write_text("{}")
+    os.chmod(tmp_path / settings.RECORD, 0o666)
+    with pytest.raises(OSError, match="not root's own record"):
+        settings.Record(str(tmp_path)).__enter__()
+
+
+def test_the_audit_socket_is_read_after_whatever_else_is_ready() -> None:
+    # A flood of records never goes before a client's request in a loop turn.
+    import socket
+
+    from supervisor.loop import Loop
+    loop, order = Loop(), []
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        loop.watch(pairs[0][0], lambda: order.append("audit"), last=True)
+        loop.watch(pairs[1][0], lambda: order.append("client"))
+        loop.watch(pairs[2][0], lambda: order.append("zygote"))
+        for _, w in pairs:
+            w.send(b"x")
+        loop.run(lambda: len(order) >= 3)
+        assert order[-1] == "audit" and sorted(order[:2]) == ["client", "zygote"]
+        loop.unwatch(pairs[0][0])
+        assert not loop._last
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w: World) -> None:
+    # Records of domains nobody knows, events that never see their EOE (a
+    # task without an audit context), each with a 4 KiB path and exe.
+    import socket
+    import tracemalloc
+
+    from supervisor.audit import Reader
+    from supervisor.loop import Loop
+    a, b = socket.socketpair()
+    try:
+        reader = Reader(Loop(), a, w.denials)
+        long = "/" + "x" * 4000
+        tracemalloc.start()
+        for serial in range(50_000):
+            reader._record(serial, audit.Access(serial, 0x1000 + serial % 5000, ("fs.read_file",),
+                                                long + str(serial), None, None, None, None))
+            reader._record(serial, audit.Syscall(serial, 7, "c" * 15, long + str(serial)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 << 20, peak
+        assert len(reader.events) <= 1024 and w.denials.unknown_kept <= d.UNKNOWN_KEPT
+    finally:
+        a.close()
+        b.close()
