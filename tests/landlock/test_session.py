@@ -54,8 +54,11 @@ def test_confined_child_joins_a_fresh_session_keyring(run_confined, identity):
     assert got["ring"] != got["planted"]
     assert got["search"] == ENOKEY
     # Not by its id either: no longer a possessor, the child may not search it
-    # (uid 0 may still list its key ids: the ring grants its owner uid read).
-    assert got["old_ring_by_id"] == errno.EACCES
+    # (uid 0 may still list its key ids: the ring grants its owner uid read);
+    # or the ring is gone already (ENOKEY): this child held its last
+    # reference, and the kernel's key GC may have run (seen in a slow TCG
+    # guest). A live ring it could search would give 0: the key is in it.
+    assert got["old_ring_by_id"] in (errno.EACCES, ENOKEY)
 
 
 @pytest.mark.skipif(not KEYRINGS, reason="this kernel has no keyrings")
