@@ -2,7 +2,7 @@
 
 Imports nothing but enum: clients load it (docs/protocol.md's table is
 checked against Code; its stage list against supervisor.zygote.child.STAGES,
-the one list, which the child itself walks).
+derived from the sequences the child walks: FRESH, POOLED, POOLED_SHARED_GID).
 """
 from __future__ import annotations
 
