@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from landlock.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
@@ -30,7 +32,7 @@ from .names import clean
 from .session import Outcome
 from .trace import EXEC, STRACE, Access, strace_argv
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_NOT_VALIDATED = 0, 1, 4   # and the seed's EXIT_USAGE, EXIT_UNAVAILABLE
 PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
 SCRATCH_PARENT = "/var/tmp"
 _SHOWN = 12       # refusals in the summary    # not under /tmp, which the learning run may write

@@ -19,7 +19,7 @@ def _named(before: str) -> list[str]:
     """The modules design.md lists in the parentheses after `before`."""
     group = re.search(re.escape(before) + r"\s+\(([^)]*)\)", _WHO, re.S)
     assert group, before
-    return re.findall(r"`([a-z_]+)`", group.group(1))
+    return re.findall(r"`([a-z_.]+)`", group.group(1))
 
 
 CLIENT_SIDE = _named("the client side")
@@ -46,7 +46,8 @@ _SITE = {"__main__", "_distutils_hack", "sitecustomize", "usercustomize"}
 
 def _outside(modules: list[str], allowed: list[str]) -> list[str]:
     """Loaded modules beyond the allowed ones of ours and the standard library (ctypes not)."""
-    ours = {"supervisor"} | {f"supervisor.{m}" for m in allowed}
+    ours = {"supervisor"} | {m if "." in m else f"supervisor.{m}" for m in allowed}
+    ours |= {m.split(".")[0] for m in ours}   # their packages
     stdlib = sys.stdlib_module_names - {"ctypes"}
     return [m for m in modules if m not in ours | _SITE
             and (m.split(".")[0] in _OURS or m.split(".")[0] not in stdlib)]
