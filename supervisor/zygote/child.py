@@ -125,6 +125,8 @@ class _Child:
     child makes no list, dict or closure per step."""
     __slots__ = ("zygote", "target", "entry", "gid", "err_w", "ruleset_fd", "stdio", "request", "size",
                  "handover", "helper", "argv", "env", "limits")
+    argv: list[str]                       # set by "request" (fresh) or "wait" (pooled)
+    env: dict[str, str]
 
     def __init__(self, zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.Entry, gid: int | None,
                  err_w: int, ruleset_fd: int, stdio: list[int] | None, request: int, size: int, handover: int,
@@ -132,8 +134,6 @@ class _Child:
         self.zygote, self.target, self.entry, self.gid = zygote, target, entry, gid
         self.err_w, self.ruleset_fd, self.stdio, self.request, self.size = err_w, ruleset_fd, stdio, request, size
         self.handover, self.helper = handover, helper
-        self.argv: list[str] = []
-        self.env: dict[str, str] = {}
         self.limits: tuple[tuple[int, int], ...] = ()
 
 
