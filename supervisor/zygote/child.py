@@ -103,6 +103,9 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         entry = entry._replace(credentials=(uid, gid, groups))
     # Blocked across fork: no handler runs in the child, which unblocks
     # them only at exec, after resetting the ones we changed.
+    # What the child's steps share, made here: the child only walks.
+    c = _Child(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
+    sequence = _sequence(request, gid)
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ALL_SIGNALS)
     try:
         # No Python at-fork hooks run: the zygote is single-threaded and
@@ -114,13 +117,13 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
-        _run(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
+        _walk(c, sequence)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
     return pid
 
 
 class _Child:
-    """What one child's steps share: made once, after the fork; the steps
+    """What one child's steps share: made once, before the fork; the steps
     themselves are module-level functions in module-level tables, so the
     child makes no list, dict or closure per step."""
     __slots__ = ("zygote", "target", "entry", "gid", "err_w", "ruleset_fd", "stdio", "request", "size",
@@ -137,15 +140,14 @@ class _Child:
         self.limits: tuple[tuple[int, int], ...] = ()
 
 
-def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.Entry, gid: int | None, err_w: int,
-         ruleset_fd: int, stdio: list[int] | None, request: int, size: int, handover: int, helper: bool) -> None:
-    """The child: one of the sequences below, chosen once. Never returns."""
-    sequence = FRESH if request >= 0 else POOLED if gid is not None else POOLED_SHARED_GID
-    _walk(_Child(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper), sequence)
+def _sequence(request: int, gid: int | None) -> Steps:
+    """Which path: a fresh child has its request (a memfd); a pooled one waits
+    for it, comparing its limits at hand-over unless it has a session gid."""
+    return FRESH if request >= 0 else POOLED if gid is not None else POOLED_SHARED_GID
 
 
 def _walk(c: _Child, sequence: Steps) -> None:
-    """Each step in order; the first that fails is reported with its stage on
+    """The child, from fork to exec; never returns. Each step in order; the first that fails is reported with its stage on
     the error pipe (ChildFailure), as _posixsubprocess's child_exec does."""
     stage = sequence[0][0]
     try:
@@ -279,7 +281,7 @@ LAST = tuple((stage, _entering(step)) for stage, step in enter.LAST)         # r
 # domain (CONFINE), pdeathsig after the user change (which clears it),
 # rlimits last (a memory or NOFILE limit can break the Python still
 # running). A new path (a server started ahead of its request) is one more
-# sequence here, chosen in _run.
+# sequence here, chosen in _sequence.
 
 FRESH: Steps = (
     ("signals", _reset_signals),

@@ -115,7 +115,8 @@ if sys.argv[1] == "fresh":
     request = os.memfd_create("request")
     os.write(request, data)
     target = messages.Spawn("/bin/true", "/", 0o22, entry, None, len(data))
-    child._run(zygote, target, target.entry, None, err_w, -1, stdio, request, len(data), -1, False)
+    c = child._Child(zygote, target, target.entry, None, err_w, -1, stdio, request, len(data), -1, False)
+    child._walk(c, child._sequence(request, None))
 else:
     import socket
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -123,7 +124,8 @@ else:
     messages.send(ours, messages.Request(["/bin/true"], {}), [*stdio, child_err_w])
     target = messages.Pool("/bin/true", "/", 0o22, entry, "p", 1, (None,))
     gid = None if sys.argv[1] == "pooled" else os.getgid()   # (the Entry has no credentials to take it)
-    child._run(zygote, target, target.entry, gid, err_w, -1, None, -1, 0, theirs.fileno(), False)
+    c = child._Child(zygote, target, target.entry, gid, err_w, -1, None, -1, 0, theirs.fileno(), False)
+    child._walk(c, child._sequence(-1, gid))
 """
 
 # landlock-exec as its command line runs it, recording the calls of the
