@@ -101,11 +101,11 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         # every object made costs copy-on-write faults.
         uid, _, groups = entry.credentials or (0, 0, ())
         entry = entry._replace(credentials=(uid, gid, groups))
-    # Blocked across fork: no handler runs in the child, which unblocks
-    # them only at exec, after resetting the ones we changed.
     # What the child's steps share, made here: the child only walks.
     c = _Child(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
     sequence = _sequence(request, gid)
+    # Blocked across fork: no handler runs in the child, which unblocks
+    # them only at exec, after resetting the ones we changed.
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ALL_SIGNALS)
     try:
         # No Python at-fork hooks run: the zygote is single-threaded and
@@ -147,8 +147,9 @@ def _sequence(request: int, gid: int | None) -> Steps:
 
 
 def _walk(c: _Child, sequence: Steps) -> None:
-    """The child, from fork to exec; never returns. Each step in order; the first that fails is reported with its stage on
-    the error pipe (ChildFailure), as _posixsubprocess's child_exec does."""
+    """The child, from fork to exec; never returns. Each step in order; the
+    first that fails is reported with its stage on the error pipe
+    (ChildFailure), as _posixsubprocess's child_exec does."""
     stage = sequence[0][0]
     try:
         for stage, step in sequence:
@@ -276,8 +277,8 @@ LAST = tuple((stage, _entering(step)) for stage, step in enter.LAST)         # r
 
 # ---- the sequences: each path of a child, one straight line ----------------------------------
 #
-# The order is the security: the fds closed before anything else runs, the
-# new session before the user change, the user change before the Landlock
+# The order is the security: every fd not its own closed before the helper
+# and the new session, the new session before the user change, the user change before the Landlock
 # domain (CONFINE), pdeathsig after the user change (which clears it),
 # rlimits last (a memory or NOFILE limit can break the Python still
 # running). A new path (a server started ahead of its request) is one more
