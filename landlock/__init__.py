@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 _EXPORTS = {
-    "enforce": ("Confinement", "EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE",
-                "EXIT_USAGE", "NotSingleThreaded", "apply", "exec_confined", "prepare"),
+    "enforce": ("Confinement", "NotSingleThreaded", "apply", "exec_confined", "prepare"),
+    "exits": ("EXIT_EXEC_FAILED", "EXIT_NOT_FOUND", "EXIT_THREADS", "EXIT_UNAVAILABLE", "EXIT_USAGE"),
     "support": ("Support", "abi_version", "available", "keyrings_available", "probe"),
     "report": ("Report",),
     "rights": ("LATEST_ABI",),

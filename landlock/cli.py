@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import enforce, gocompat
+from .exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from .ruleset import LandlockUnavailable
 from .spec import DEFAULT_SCOPES, LOG_FLAGS, Spec, SpecError, parse_limit
 
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.print_usage(sys.stderr)
-        enforce._fail(enforce.EXIT_USAGE, "no command given")
+        enforce._fail(EXIT_USAGE, "no command given")
     try:
         spec, passed_env = gocompat.spec_from_environ(os.environ)
         if spec is None:
@@ -154,9 +155,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
             # A re-exec wrapper's caller built the target's environment.
             env = passed_env
     except SpecError as e:
-        enforce._fail(enforce.EXIT_USAGE, str(e))
+        enforce._fail(EXIT_USAGE, str(e))
     except LandlockUnavailable as e:
-        enforce._fail(enforce.EXIT_UNAVAILABLE, str(e))
+        enforce._fail(EXIT_UNAVAILABLE, str(e))
     if args.log_level == "debug":
         print(f"landlock-exec: spec {spec.to_json()}", file=sys.stderr)
     enforce.exec_confined(spec, command, env, new_session=not args.keep_session,

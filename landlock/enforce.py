@@ -21,6 +21,7 @@ import prctl
 
 from . import enter, privileges, rlimits, syscalls
 from .enter import thread_count
+from .exits import EXIT_EXEC_FAILED, EXIT_NOT_FOUND, EXIT_THREADS, EXIT_UNAVAILABLE, EXIT_USAGE
 from .report import Report
 from .ruleset import LandlockUnavailable, Ruleset, build
 from .spec import Spec, SpecError
@@ -30,12 +31,6 @@ TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy tak
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
-# The seed's exit codes.
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-EXIT_THREADS = 4
-EXIT_EXEC_FAILED = 126
-EXIT_NOT_FOUND = 127
 
 _PYTHON_IGNORED = (signal.SIGPIPE, signal.SIGXFSZ)
 

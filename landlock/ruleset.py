@@ -68,10 +68,28 @@ def wanted_features(spec: Spec) -> list[str]:
     return wanted
 
 
-def build(spec: Spec, support: Support | None = None) -> Ruleset:
-    """Raises SpecError (a path it cannot use) or LandlockUnavailable."""
-    support = support or probe(spec.max_abi)
-    report = Report(kernel_abi=support.kernel_abi, errata=support.errata)
+@dataclass(frozen=True)
+class Downgrade:
+    """What a Spec gets on a kernel: the rights handled, what is dropped and why.
+
+    go-landlock's `downgrade` (restrict.go), as a value: decided apart from
+    the system calls that make the ruleset, and tested as a table."""
+    features: tuple[str, ...]      # wanted and usable, sorted
+    dropped: dict[str, str]        # wanted, unusable -> why (Report.downgraded)
+    fs: int = 0                    # handled access rights
+    net: int = 0
+    scope: int = 0
+    restrict_flags: int = 0        # a plain int: the Entry goes by marshal
+
+    @property
+    def handles_anything(self) -> bool:
+        return bool(self.fs or self.net or self.scope)
+
+
+def downgrade(spec: Spec, support: Support) -> Downgrade:
+    """Spec x what the kernel supports -> Downgrade. Pure. Raises
+    LandlockUnavailable when a required feature is missing (the filesystem
+    is required unless best_effort or unrestricted)."""
     required = set(spec.require)
     if not spec.unrestricted_filesystem and not spec.best_effort:
         required.add("filesystem")
@@ -79,28 +97,29 @@ def build(spec: Spec, support: Support | None = None) -> Ruleset:
     if absent:
         raise LandlockUnavailable("required Landlock feature(s) unavailable: " + "; ".join(
             f"{f}: {support.missing[f]}" for f in absent))
-
     wanted = wanted_features(spec)
-    usable = [f for f in wanted if f in support.features]
-    report.downgraded = {f: support.missing[f] for f in wanted if f not in support.features}
-    by_name = rights.FEATURE_BY_NAME
-    handled_fs = sum(by_name[f].fs for f in usable)
-    handled_net = sum(by_name[f].net for f in usable)
-    scoped = sum(by_name[f].scope for f in usable)
-    restrict_flags = 0
-    for flag in spec.log:
-        if "logging" in support.features:
-            restrict_flags |= int(LOG_FLAGS[flag])   # a plain int: the Entry goes by marshal
+    usable = [rights.FEATURE_BY_NAME[f] for f in wanted if f in support.features]
+    flags = 0
+    if "logging" in support.features:
+        for flag in spec.log:
+            flags |= int(LOG_FLAGS[flag])
+    return Downgrade(features=tuple(sorted(f.name for f in usable)),
+                     dropped={f: support.missing[f] for f in wanted if f not in support.features},
+                     fs=sum(f.fs for f in usable), net=sum(f.net for f in usable),
+                     scope=sum(f.scope for f in usable), restrict_flags=flags)
 
-    report.handled_fs = rights.names(rights.FS, handled_fs)
-    report.handled_net = rights.names(rights.Net, handled_net)
-    report.scoped = rights.names(rights.Scope, scoped)
-    report.features = sorted(usable)
-    report.unix_connect_unrestricted = not handled_fs & rights.FS.RESOLVE_UNIX
-    report.udp_unrestricted = not handled_net & rights.Net.CONNECT_SEND_UDP
 
-    if not (handled_fs or handled_net or scoped):
-        if wanted:
+def build(spec: Spec, support: Support | None = None) -> Ruleset:
+    """Raises SpecError (a path it cannot use) or LandlockUnavailable."""
+    support = support or probe(spec.max_abi)
+    d = downgrade(spec, support)
+    report = Report(kernel_abi=support.kernel_abi, errata=support.errata, downgraded=d.dropped,
+                    handled_fs=rights.names(rights.FS, d.fs), handled_net=rights.names(rights.Net, d.net),
+                    scoped=rights.names(rights.Scope, d.scope), features=list(d.features),
+                    unix_connect_unrestricted=not d.fs & rights.FS.RESOLVE_UNIX,
+                    udp_unrestricted=not d.net & rights.Net.CONNECT_SEND_UDP)
+    if not d.handles_anything:
+        if d.features or d.dropped:   # something was wanted, and no right of it is handled
             report.abi = -1
             report.add_note("Landlock unavailable: running UNCONFINED (best effort): "
                             + support.missing.get("filesystem", "no usable feature"))
@@ -109,18 +128,18 @@ def build(spec: Spec, support: Support | None = None) -> Ruleset:
         return Ruleset(-1, 0, report)
 
     report.abi = support.abi
-    size = (syscalls.ATTR_SIZE_SCOPED if scoped else
-            syscalls.ATTR_SIZE_NET if handled_net else syscalls.ATTR_SIZE_FS)
-    fd = syscalls.create_ruleset(syscalls.RulesetAttr(handled_fs, handled_net, scoped), size)
+    size = (syscalls.ATTR_SIZE_SCOPED if d.scope else
+            syscalls.ATTR_SIZE_NET if d.net else syscalls.ATTR_SIZE_FS)
+    fd = syscalls.create_ruleset(syscalls.RulesetAttr(d.fs, d.net, d.scope), size)
     try:
-        identity = _add_path_rules(fd, spec, handled_fs, report)
-        _add_port_rules(fd, spec, handled_net)
+        identity = _add_path_rules(fd, spec, d.fs, report)
+        _add_port_rules(fd, spec, d.net)
     except BaseException:
         os.close(fd)
         raise
     if report.skipped_paths:
         report.add_note("missing paths skipped: " + ", ".join(report.skipped_paths))
-    return Ruleset(fd, restrict_flags, report, identity)
+    return Ruleset(fd, d.restrict_flags, report, identity)
 
 
 WRITABLE_CLASSES = ("read_write", "read_write_noexec")

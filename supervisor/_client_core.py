@@ -17,6 +17,7 @@ import signal as signals
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import protocol
+from .errors import Code, SupervisorError
 
 # typing is ~3 ms of every `run` and its names here are mypy's alone:
 # TYPE_CHECKING is typing's own name without importing it (mypy takes the
@@ -36,29 +37,14 @@ else:
         def __class_getitem__(cls, item: object) -> type:
             return object
 
-# The error codes (docs/protocol.md) a client tells apart.
-NO_SUCH_MANIFEST = "no_such_manifest"
-REFUSED_PEER = "refused_peer"
-CONFINEMENT_UNAVAILABLE = "confinement_unavailable"
-SPAWN_FAILED = "spawn_failed"
-EXITED = "exited"            # signal after the child's exit: nothing to do
-ARGS_REFUSED, ENV_REFUSED = "args_refused", "env_refused"
-
 CLOSED = "the supervisor closed the connection"
 NO_ANSWER = "no answer from the supervisor in time"
 REFUSAL_WAIT = 1.0   # seconds to read a refused peer's refusal
 DENIED_KEPT = 1000   # `denied` events a child keeps for its owner to take
 
 
-class SupervisorError(Exception):
-    """The supervisor said no; `code` says why in a word (see docs/protocol.md)."""
-
-    def __init__(self, message: str, code: str = "error", reply: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reply = dict(reply or {})
-
-
+# The errors a client tells apart, each an errors.SupervisorError with its
+# Code (docs/protocol.md); any other code is a plain SupervisorError.
 class NoSuchManifest(SupervisorError): pass
 class RefusedPeer(SupervisorError): pass
 class ConfinementUnavailable(SupervisorError): pass
@@ -76,13 +62,17 @@ class SpawnFailed(SupervisorError):
         return str(self.reply.get("stage", ""))
 
 
-_ERRORS: dict[str, type[SupervisorError]] = {
-    NO_SUCH_MANIFEST: NoSuchManifest, REFUSED_PEER: RefusedPeer,
-    CONFINEMENT_UNAVAILABLE: ConfinementUnavailable, SPAWN_FAILED: SpawnFailed}
+_CODES = {code.value: code for code in Code}
+_ERRORS: dict[Code, type[SupervisorError]] = {
+    Code.NO_SUCH_MANIFEST: NoSuchManifest, Code.REFUSED_PEER: RefusedPeer,
+    Code.CONFINEMENT_UNAVAILABLE: ConfinementUnavailable, Code.SPAWN_FAILED: SpawnFailed}
 
 
 def error_from(reply: Mapping[str, Any]) -> SupervisorError:
-    code = str(reply.get("code", "error"))
+    """The exception an `error` event stands for. A code this client does not
+    know (or none) is INTERNAL: the supervisor's doing, never the asker's
+    usage error; the reply keeps the word."""
+    code = _CODES.get(str(reply.get("code")), Code.INTERNAL)
     return _ERRORS.get(code, SupervisorError)(str(reply.get("error", "unknown error")), code, reply)
 
 
@@ -154,6 +144,10 @@ def receive(sock: _socket.socket, within: float | None = None) -> Exchange[dict[
             message, fds = protocol.recv(sock)
         except BlockingIOError:
             continue
+        except protocol.ProtocolError as e:
+            # A reply that breaks the protocol is the supervisor's doing (or
+            # not a supervisor's): never the asker's usage error.
+            raise protocol.ProtocolError(f"a malformed reply: {e}", Code.INTERNAL) from None
         except ConnectionResetError:
             # Closed with our request unread: the error comes once, then
             # what the supervisor sent before closing (a refusal) is read.
@@ -275,7 +269,7 @@ class ChildState:
         try:
             yield from self._request(signal_request(sig, group), "signalled")
         except SupervisorError as e:
-            if e.code != EXITED:
+            if e.code != Code.EXITED:
                 raise
 
     def _leave(self) -> Exchange[None]:

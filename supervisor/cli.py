@@ -6,6 +6,8 @@ import os
 import select
 import sys
 
+from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
+
 # The rest is imported where used: a private supervisor is spawned right
 # after the arguments are parsed, and `run` imports its client beside it.
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
@@ -17,7 +19,6 @@ if TYPE_CHECKING:
     from .private_boot import Booting
     from .relay import Relay
 
-EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_EXEC_FAILED = 2, 3, 126
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for `ping`.
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)

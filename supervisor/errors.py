@@ -1,12 +1,17 @@
-"""Every wire error code with its meaning, and the exceptions server and clients share.
+"""Every wire error code with its meaning, and the one exception family of server and clients.
 
 Imports nothing but enum: clients load it (docs/protocol.md's table is
 checked against Code; its stage list against supervisor.zygote.child.STAGES,
-the one list, which the child itself walks).
+derived from the sequences the child walks: FRESH, POOLED, POOLED_SHARED_GID).
 """
 from __future__ import annotations
 
 from enum import Enum
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 class Code(str, Enum):
@@ -52,11 +57,15 @@ USAGE_CODES = frozenset({Code.BAD_REQUEST, Code.BAD_VERSION, Code.BAD_OP, Code.B
                          Code.BAD_SPEC, Code.ARGS_REFUSED, Code.ENV_REFUSED})
 
 class SupervisorError(Exception):
-    """Base of the supervisor's own errors; `code` says why in a word."""
+    """The one base of the supervisor's errors, server and clients alike
+    (protocol.ProtocolError, Refused, the client's NoSuchManifest...):
+    `code` says why in a word; `reply` is the `error` event a client got
+    (empty elsewhere)."""
 
-    def __init__(self, message: str, code: str = Code.BAD_REQUEST) -> None:
+    def __init__(self, message: str, code: Code = Code.BAD_REQUEST, reply: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.reply = dict(reply or {})
 
 
 class Refused(SupervisorError):

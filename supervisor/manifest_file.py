@@ -51,8 +51,11 @@ def read(source: str, parsed: str | None = None) -> Any:
         kept = _kept(entry)
         if kept is not None and kept.get("text") == decoded and kept.get("parser") == _parser():
             return kept.get("document")
-    from .manifest_yaml import parse
-    document = parse(source, text)
+    from . import manifest_yaml
+    try:
+        document = manifest_yaml.parse(source, text)
+    except manifest_yaml.NotYaml as e:
+        raise ManifestError(str(e)) from None
     if entry is not None:
         _keep(entry, {"text": decoded, "parser": _parser(), "document": document})
     return document

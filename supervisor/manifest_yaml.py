@@ -6,14 +6,16 @@ spares it.
 """
 from __future__ import annotations
 
-
 import yaml
-
-from .manifest_file import ManifestError
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from typing import Any
+
+
+class NotYaml(ValueError):
+    """Text that is not a YAML document we accept; manifest_file makes it a ManifestError
+    (not imported here: manifest_file imports this module, lazily, and not the other way)."""
 
 
 def parse(source: str, text: bytes) -> Any:
@@ -26,7 +28,7 @@ def parse(source: str, text: bytes) -> Any:
         # RecursionError: nesting thousands deep.
         # One line: PyYAML's own message spans several, with a caret drawing.
         where = " ".join(str(e).split())[:500]
-        raise ManifestError(f"{source}: not valid YAML: {type(e).__name__}: {where}") from None
+        raise NotYaml(f"{source}: not valid YAML: {type(e).__name__}: {where}") from None
 
 
 class _SafeNoAliases(yaml.SafeLoader):

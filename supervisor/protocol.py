@@ -30,7 +30,7 @@ _CMSG_SPACE = _socket.CMSG_SPACE((MAX_FDS + 1) * array.array("i").itemsize)
 class ProtocolError(SupervisorError):
     """A message that breaks the protocol; `code` is machine-readable."""
 
-    def __init__(self, message: str, code: str = Code.BAD_REQUEST) -> None:
+    def __init__(self, message: str, code: Code = Code.BAD_REQUEST) -> None:
         super().__init__(message, code)
 
 
@@ -42,7 +42,7 @@ def relative_arg(arg: str) -> bool:
 def encode(message: dict[str, Any]) -> bytes:
     data = json.dumps({"v": VERSION, **message}, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE}", "too_large")
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE}", Code.TOO_LARGE)
     return data
 
 
@@ -64,12 +64,12 @@ def recv(sock: _socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     fds = received_fds(ancdata)
     try:
         if flags & _socket.MSG_CTRUNC:
-            raise ProtocolError("too many file descriptors attached", "bad_fds")
+            raise ProtocolError("too many file descriptors attached", Code.BAD_FDS)
         if flags & _socket.MSG_TRUNC or len(data) > MAX_MESSAGE:
-            raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes", "too_large")
+            raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes", Code.TOO_LARGE)
         if not data:
             if fds:
-                raise ProtocolError("empty message", "bad_request")
+                raise ProtocolError("empty message", Code.BAD_REQUEST)
             return None, []
         return decode(data), fds
     except ProtocolError:
@@ -90,7 +90,7 @@ def decode(data: bytes) -> dict[str, Any]:
     version = message.get("v")
     if type(version) is not int or version != VERSION:  # JSON true is no version
         raise ProtocolError(f"unsupported protocol version {_clip(version)} (this is {VERSION})",
-                            "bad_version")
+                            Code.BAD_VERSION)
     return message
 
 

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from landlock.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+
 from .. import ids, profiles
 from ..paths import default_state_root
 from . import collapse as collapsing
@@ -27,7 +29,7 @@ from . import area, exclude, execs, render, report, runner
 from .collapse import Layout, Proposal
 from .trace import EXEC, STRACE, Access, strace_argv
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_NOT_VALIDATED, EXIT_CALL_FAILED = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_FAILED, EXIT_NOT_VALIDATED, EXIT_CALL_FAILED = 0, 1, 4, 5   # and the seed's EXIT_USAGE, EXIT_UNAVAILABLE
 PROFILE_PORTS = {"npx": (443,), "uvx": (443,)}
 SCRATCH_PARENT = "/var/tmp"   # not under /tmp, which the learning run may write
 

@@ -11,7 +11,6 @@ control or an escape is left as it is.
 from __future__ import annotations
 
 from ..denied import clean
-from ..manifest_file import ManifestError
 
 __all__ = ["clean", "q", "writable"]
 
@@ -36,9 +35,9 @@ def writable(path: str) -> bool:
     """A manifest can name exactly this path."""
     if path.isascii() and path.isprintable():
         return True   # only `"` and `\` escaped, which YAML reads back
-    from ..manifest_yaml import parse
+    from ..manifest_yaml import NotYaml, parse
     try:
         path.encode()
         return bool(parse("a path", f"p: {q(path)}".encode()) == {"p": path})
-    except (UnicodeEncodeError, ManifestError):
+    except (UnicodeEncodeError, NotYaml):
         return False

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import SupervisorError
+from ..errors import Code
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
 from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_tasks
@@ -76,7 +77,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
         try:
             child = client.spawn(name, stdin=in_r, stdout=out_w, stderr=err)
         except SupervisorError as e:
-            raise RunFailed(str(e), unavailable=e.code == "confinement_unavailable") from None
+            raise RunFailed(str(e), unavailable=e.code == Code.CONFINEMENT_UNAVAILABLE) from None
         except (OSError, TimeoutError) as e:
             raise RunFailed(f"spawn: {e}") from None
         finally:

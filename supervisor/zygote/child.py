@@ -6,7 +6,9 @@ parent, and their orphans come back to it as subreaper.
 
 Everything a child needs was prepared before the fork (by the supervisor,
 or by the zygote once per message): every object made between fork and
-exec costs each spawn copy-on-write faults. The shared steps and their
+exec costs each spawn copy-on-write faults. Each path of a child is one
+straight sequence of (stage, step) at the end of this module (FRESH,
+POOLED, POOLED_SHARED_GID), walked by _walk; the shared steps and their
 order are landlock.enter.CONFINE and LAST, which landlock-exec takes too.
 """
 from __future__ import annotations
@@ -26,10 +28,10 @@ from landlock import enter
 from . import messages
 from .messages import ChildFailure
 
-# Every stage a child can fail at, in its order (a pooled child takes
-# "stdio" after "tampered" instead); docs/protocol.md lists them.
-STAGES = ("signals", "request", "stdio", "close_fds", "helper", "setsid", *(stage for stage, _ in enter.CONFINE),
-          "chdir", "pdeathsig", "wait", "tampered", *(stage for stage, _ in enter.LAST), "exec")
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    Steps = tuple[tuple[str, Callable[["_Child"], None]], ...]
 
 ALL_SIGNALS = _signal.valid_signals()
 # Compared in a pooled child without a session gid of its own (another
@@ -133,6 +135,9 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         # every object made costs copy-on-write faults.
         uid, _, groups = entry.credentials or (0, 0, ())
         entry = entry._replace(credentials=(uid, gid, groups))
+    # What the child's steps share, made here: the child only walks.
+    c = _Child(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
+    sequence = _sequence(request, gid)
     # Blocked across fork: no handler runs in the child, which unblocks
     # them only at exec, after resetting the ones we changed.
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ALL_SIGNALS)
@@ -146,104 +151,229 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
-        _run(zygote, target, entry, gid, err_w, ruleset_fd, stdio, request, size, handover, helper)
+        _walk(c, sequence)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
     return pid
 
 
-def _run(zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.Entry, gid: int | None, err_w: int,
-         ruleset_fd: int, stdio: list[int] | None, request: int, size: int, handover: int, helper: bool) -> None:
-    """The child: (a pooled one says "ready" on err_w, then waits for its
-    request and the supervisor's error pipe), exec. Never returns."""
-    stage = "signals"
-    limits_set = False
+class _Child:
+    """What one child's steps share: made once, before the fork; the steps
+    themselves are module-level functions in module-level tables, so the
+    child makes no list, dict or closure per step."""
+    __slots__ = ("zygote", "target", "entry", "gid", "err_w", "ruleset_fd", "stdio", "request", "size",
+                 "handover", "helper", "argv", "env", "limits")
+    argv: list[str]                       # set by "request" (fresh) or "wait" (pooled)
+    env: dict[str, str]
+
+    def __init__(self, zygote: Zygote, target: messages.Spawn | messages.Pool, entry: enter.Entry, gid: int | None,
+                 err_w: int, ruleset_fd: int, stdio: list[int] | None, request: int, size: int, handover: int,
+                 helper: bool) -> None:
+        self.zygote, self.target, self.entry, self.gid = zygote, target, entry, gid
+        self.err_w, self.ruleset_fd, self.stdio, self.request, self.size = err_w, ruleset_fd, stdio, request, size
+        self.handover, self.helper = handover, helper
+        self.limits: tuple[tuple[int, int], ...] = ()
+
+
+def _sequence(request: int, gid: int | None) -> Steps:
+    """Which path: a fresh child has its request (a memfd); a pooled one waits
+    for it, comparing its limits at hand-over unless it has a session gid."""
+    return FRESH if request >= 0 else POOLED if gid is not None else POOLED_SHARED_GID
+
+
+def _walk(c: _Child, sequence: Steps) -> None:
+    """The child, from fork to exec; never returns. Each step in order; the
+    first that fails is reported with its stage on the error pipe
+    (ChildFailure), as _posixsubprocess's child_exec does."""
+    stage = sequence[0][0]
     try:
-        for sig in zygote.reset:
-            _signal.signal(sig, _signal.SIG_DFL)
-        if request >= 0:
-            stage = "request"
-            argv, env = messages.decode(os.pread(request, size, 0))
-        if stdio is not None:
-            stage = "stdio"
-            # Received fds are > 2 (fds 0-2 are always open here): no clobbering.
-            for fd, kept in enumerate(stdio):
-                os.dup2(kept, fd)
-        stage = "close_fds"
-        low = 3
-        for fd in sorted(fd for fd in (err_w, ruleset_fd, handover) if fd >= 0):
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, 0x7FFFFFFF)
-        if helper:
-            # Here: after the fd sweep (it holds nothing of ours), before the
-            # new session (it is not in the group killed when the target
-            # exits), the user change and the Landlock domain (the target
-            # can neither signal nor trace it).
-            stage = "helper"
-            pid = max(_clone(_HELPER_RUNS, _STACK_TOP, _CLONE_VM | _CLONE_PARENT | _SIGCHLD,
-                             ctypes.addressof(_mutex)), 0)
-            if pid:  # else the exec tears down as usual
-                os.write(err_w, b"helper %d\n" % pid)
-                if zygote.helper_batch:
-                    os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
-        stage = "setsid"
-        os.setsid()
-        for stage, step in enter.CONFINE:
-            step(entry, ruleset_fd)
-        stage = "chdir"  # as the target user: a directory it could not enter is an error
-        os.chdir(target.cwd)
-        # A session gid is handed out again once its session is gone: what
-        # this child makes must never be open to that later session by
-        # group, whatever the manifest's umask says.
-        os.umask(target.umask if gid is None else target.umask | SESSION_GID_UMASK)
-        stage = "pdeathsig"
-        # Armed after the uid change, which clears it; then re-check that the
-        # supervisor did not die before it was armed.
-        prctl.set_pdeathsig(_signal.SIGKILL)
-        if os.getppid() != zygote.supervisor:
-            os._exit(1)
-        if handover >= 0:
-            if ruleset_fd >= 0:
-                os.close(ruleset_fd)
-            # Without a gid of its own, a process of its uid and gid may
-            # lower its limits while it waits: compared at hand-over.
-            limits = None if gid is not None else tuple(map(resource.getrlimit, _RLIMITS))
-            os.write(err_w, b"ready\n")
-            os.close(err_w)
-            err_w = -1
-            stage = "wait"
-            handed, fds = messages.receive(socket.socket(fileno=handover), messages.HANDOVER_MAX)
-            if handed is None:
-                os._exit(0)  # drained unused
-            if len(fds) != 4:
-                raise OSError(0, f"expected stdio and an error pipe, got {len(fds)} fds")
-            argv, env = handed
-            *stdio, err_w = fds
-            if limits is not None:
-                # The supervisor serves the request with a fresh child
-                # instead: stdio not touched yet. The rlimits are set under
-                # this stage too: a hard limit lowered between the check
-                # and the set fails the same way.
-                stage = "tampered"
-                if tuple(map(resource.getrlimit, _RLIMITS)) != limits:
-                    raise OSError(errno.EPERM, "its resource limits were changed while it waited")
-                for _, step in enter.LAST:
-                    step(entry, -1)
-                limits_set = True
-            stage = "stdio"
-            for fd, kept in enumerate(stdio):
-                os.dup2(kept, fd)
-        if not limits_set:
-            for stage, step in enter.LAST:
-                step(entry, ruleset_fd)
-        stage = "exec"
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
-        os.execve(target.program, argv, env)
+        for stage, step in sequence:
+            step(c)
     except OSError as e:
         failure = ChildFailure(stage, e.errno or 0, e.strerror or str(e))
     except BaseException as e:  # never let the zygote's loop run on in a child
         failure = ChildFailure(stage, 0, f"{type(e).__name__}: {e}")
     try:
-        os.write(err_w, failure.encode())
+        os.write(c.err_w, failure.encode())
     finally:
         os._exit(127)
+
+
+# ---- the steps ---------------------------------------------------------------------------
+
+def _reset_signals(c: _Child) -> None:
+    for sig in c.zygote.reset:
+        _signal.signal(sig, _signal.SIG_DFL)
+
+
+def _read_request(c: _Child) -> None:
+    """A fresh child's argv and environment: from the supervisor's memfd, never through the zygote."""
+    c.argv, c.env = messages.decode(os.pread(c.request, c.size, 0))
+
+
+def _take_stdio(c: _Child) -> None:
+    # Received fds are > 2 (fds 0-2 are always open here): no clobbering.
+    for fd, kept in enumerate(c.stdio or ()):
+        os.dup2(kept, fd)
+
+
+def _close_fds(c: _Child) -> None:
+    """All but the error pipe, the ruleset and the hand-over socket."""
+    low = 3
+    for fd in sorted(fd for fd in (c.err_w, c.ruleset_fd, c.handover) if fd >= 0):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 0x7FFFFFFF)
+
+
+def _start_helper(c: _Child) -> None:
+    """A pooled child's exec helper, when its pool has one (see main). Here:
+    after the fd sweep (it holds nothing of ours), before the new session (it
+    is not in the group killed when the target exits), the user change and
+    the Landlock domain (the target can neither signal nor trace it)."""
+    if not c.helper:
+        return
+    pid = max(_clone(_HELPER_RUNS, _STACK_TOP, _CLONE_VM | _CLONE_PARENT | _SIGCHLD, ctypes.addressof(_mutex)), 0)
+    if pid:  # else the exec tears down as usual
+        os.write(c.err_w, b"helper %d\n" % pid)
+        if c.zygote.helper_batch:
+            os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+
+
+def _setsid(c: _Child) -> None:
+    os.setsid()
+
+
+def _chdir(c: _Child) -> None:
+    """As the target user: a directory it could not enter is an error. A
+    session gid is handed out again once its session is gone: what this
+    child makes must never be open to that later session by group, whatever
+    the manifest's umask says."""
+    os.chdir(c.target.cwd)
+    os.umask(c.target.umask if c.gid is None else c.target.umask | SESSION_GID_UMASK)
+
+
+def _pdeathsig(c: _Child) -> None:
+    """Armed after the uid change, which clears it; then re-check that the
+    supervisor did not die before it was armed."""
+    prctl.set_pdeathsig(_signal.SIGKILL)
+    if os.getppid() != c.zygote.supervisor:
+        os._exit(1)
+
+
+def _wait(c: _Child) -> None:
+    """A pooled child: says "ready", then waits for its request, stdio and error pipe."""
+    if c.ruleset_fd >= 0:
+        os.close(c.ruleset_fd)
+        c.ruleset_fd = -1
+    if c.gid is None:
+        # Without a gid of its own, a process of its uid and gid may lower
+        # its limits while it waits: compared at hand-over ("tampered").
+        c.limits = tuple(map(resource.getrlimit, _RLIMITS))
+    os.write(c.err_w, b"ready\n")
+    os.close(c.err_w)
+    c.err_w = -1
+    handed, fds = messages.receive(socket.socket(fileno=c.handover), messages.HANDOVER_MAX)
+    if handed is None:
+        os._exit(0)  # drained unused
+    if len(fds) != 4:
+        raise OSError(0, f"expected stdio and an error pipe, got {len(fds)} fds")
+    c.argv, c.env = handed
+    *c.stdio, c.err_w = fds
+
+
+def _untampered(c: _Child) -> None:
+    """A pooled child without a session gid: its limits as it left them, then
+    set. The supervisor serves the request with a fresh child instead: stdio
+    not touched yet. The rlimits are set under this stage too: a hard limit
+    lowered between the check and the set fails the same way."""
+    if tuple(map(resource.getrlimit, _RLIMITS)) != c.limits:
+        raise OSError(errno.EPERM, "its resource limits were changed while it waited")
+    for _, step in enter.LAST:
+        step(c.entry, c.ruleset_fd)
+
+
+def _exec(c: _Child) -> None:
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+    os.execve(c.target.program, c.argv, c.env)
+
+
+def _entering(step: Callable[[enter.Entry, int], None]) -> Callable[[_Child], None]:
+    """One of landlock.enter's steps (shared with landlock-exec) as the child
+    takes it; made once, at import."""
+    def child_step(c: _Child) -> None:
+        step(c.entry, c.ruleset_fd)
+    return child_step
+
+
+CONFINE = tuple((stage, _entering(step)) for stage, step in enter.CONFINE)   # keyring, privileges, confine
+LAST = tuple((stage, _entering(step)) for stage, step in enter.LAST)         # rlimits
+
+
+# ---- the sequences: each path of a child, one straight line ----------------------------------
+#
+# The order is the security: every fd not its own closed before the helper
+# and the new session, the new session before the user change, the user change before the Landlock
+# domain (CONFINE), pdeathsig after the user change (which clears it),
+# rlimits last (a memory or NOFILE limit can break the Python still
+# running). A new path (a server started ahead of its request) is one more
+# sequence here, chosen in _sequence.
+
+FRESH: Steps = (
+    ("signals", _reset_signals),
+    ("request", _read_request),
+    ("stdio", _take_stdio),
+    ("close_fds", _close_fds),
+    ("setsid", _setsid),
+    *CONFINE,
+    ("chdir", _chdir),
+    ("pdeathsig", _pdeathsig),
+    *LAST,
+    ("exec", _exec),
+)
+
+_POOLED_START: Steps = (
+    ("signals", _reset_signals),
+    ("close_fds", _close_fds),
+    ("helper", _start_helper),
+    ("setsid", _setsid),
+    *CONFINE,
+    ("chdir", _chdir),
+    ("pdeathsig", _pdeathsig),
+    ("wait", _wait),
+)
+
+# A pooled child with a session gid of its own: nobody else can change its limits.
+POOLED: Steps = (
+    *_POOLED_START,
+    ("stdio", _take_stdio),
+    *LAST,
+    ("exec", _exec),
+)
+
+# Without one: its limits compared at hand-over, and set under that stage.
+POOLED_SHARED_GID: Steps = (
+    *_POOLED_START,
+    ("tampered", _untampered),
+    ("stdio", _take_stdio),
+    ("exec", _exec),
+)
+
+SEQUENCES = (FRESH, POOLED, POOLED_SHARED_GID)
+
+
+def _stages(sequences: tuple[Steps, ...]) -> tuple[str, ...]:
+    """Every stage a child can fail at, in its order: the first sequence's,
+    each stage of the others inserted after the one it follows there (a
+    pooled child takes "stdio" after "tampered": it keeps the fresh one's
+    place). docs/protocol.md lists them (tests/unit/test_errors.py)."""
+    stages: list[str] = []
+    for sequence in sequences:
+        after = -1
+        for stage, _ in sequence:
+            if stage not in stages:
+                stages.insert(after + 1, stage)
+            after = stages.index(stage)
+    return tuple(stages)
+
+
+STAGES = _stages(SEQUENCES)

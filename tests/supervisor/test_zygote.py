@@ -98,7 +98,7 @@ def lines(frame, event, arg):
     return lines
 
 def calls(frame, event, arg):
-    return lines if frame.f_code is child._run.__code__ else None
+    return lines if frame.f_code is child._walk.__code__ else None
 
 def execve(program, argv, env):
     os.write(1, json.dumps(seen).encode())
@@ -115,14 +115,17 @@ if sys.argv[1] == "fresh":
     request = os.memfd_create("request")
     os.write(request, data)
     target = messages.Spawn("/bin/true", "/", 0o22, entry, None, len(data))
-    child._run(zygote, target, target.entry, None, err_w, -1, stdio, request, len(data), -1, False)
+    c = child._Child(zygote, target, target.entry, None, err_w, -1, stdio, request, len(data), -1, False)
+    child._walk(c, child._sequence(request, None))
 else:
     import socket
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     errpipe, child_err_w = os.pipe()
     messages.send(ours, messages.Request(["/bin/true"], {}), [*stdio, child_err_w])
     target = messages.Pool("/bin/true", "/", 0o22, entry, "p", 1, (None,))
-    child._run(zygote, target, target.entry, None, err_w, -1, None, -1, 0, theirs.fileno(), False)
+    gid = None if sys.argv[1] == "pooled" else os.getgid()   # (the Entry has no credentials to take it)
+    c = child._Child(zygote, target, target.entry, gid, err_w, -1, None, -1, 0, theirs.fileno(), False)
+    child._walk(c, child._sequence(-1, gid))
 """
 
 # landlock-exec as its command line runs it, recording the calls of the
@@ -156,16 +159,33 @@ def _steps(script: str, *args: str) -> list[str]:
     return json.loads(out.stdout)
 
 
+def _stages(sequence: child.Steps) -> list[str]:
+    return [stage for stage, _ in sequence]
+
+
 def test_a_fresh_childs_steps_in_order():
-    assert _steps(_CHILD, "fresh") == ["signals", "request", "stdio", "close_fds", "setsid", "keyring",
-                                       "privileges", "confine", "chdir", "pdeathsig", "rlimits", "exec"]
+    assert _steps(_CHILD, "fresh") == _stages(child.FRESH)
 
 
 def test_a_pooled_childs_steps_in_order():
     """Without a session gid of its own: it compares its limits at
-    hand-over, and sets them under that stage (see child._run)."""
-    assert _steps(_CHILD, "pooled") == ["signals", "close_fds", "setsid", "keyring", "privileges", "confine",
-                                        "chdir", "pdeathsig", "wait", "tampered", "stdio", "exec"]
+    hand-over, and sets them under that stage (child.POOLED_SHARED_GID)."""
+    assert _steps(_CHILD, "pooled") == _stages(child.POOLED_SHARED_GID)
+
+
+def test_a_pooled_child_with_a_session_gid_sets_its_rlimits_after_stdio():
+    assert _steps(_CHILD, "pooled-gid") == _stages(child.POOLED)
+
+
+def test_every_sequence_keeps_the_stage_order():
+    """Each path walks its stages in STAGES' order (a pooled child's stdio
+    aside: it comes once its request is there), shared steps included, exec last."""
+    for sequence in child.SEQUENCES:
+        stages = [s for s in _stages(sequence) if not (sequence is not child.FRESH and s == "stdio")]
+        assert stages == sorted(stages, key=child.STAGES.index), stages
+        assert _stages(sequence)[-1] == "exec"
+        assert [s for s in _stages(sequence) if s in _stages(enter.CONFINE)] == _stages(enter.CONFINE)
+    assert set(child.STAGES) == {s for sequence in child.SEQUENCES for s in _stages(sequence)}
 
 
 def test_landlock_exec_takes_the_same_steps_rlimits_last():

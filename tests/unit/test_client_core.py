@@ -51,6 +51,30 @@ def test_an_error_reply_is_its_exception(pair, code, kind):
         assert (raised.value.stage, raised.value.errno) == ("exec", 2)
 
 
+def test_one_error_family() -> None:
+    """Every client exception and the wire's ProtocolError are errors.SupervisorError,
+    each with its Code; a code the client does not know is INTERNAL, its word kept."""
+    from supervisor import client, errors
+    assert client.SupervisorError is errors.SupervisorError
+    for kind in (core.NoSuchManifest, core.RefusedPeer, core.ConfinementUnavailable, core.SpawnFailed,
+                 protocol.ProtocolError, errors.Refused):
+        assert issubclass(kind, errors.SupervisorError)
+    for code in errors.Code:
+        e = core.error_from({"event": "error", "code": code.value, "error": "no"})
+        assert e.code is code and isinstance(e, errors.SupervisorError)
+    for word in ("from_a_newer_supervisor", None, 3):
+        e = core.error_from({"event": "error", "code": word})
+        assert e.code is errors.Code.INTERNAL and e.reply.get("code") == word
+
+
+def test_a_malformed_reply_is_in_the_family_and_not_a_usage_error(pair):
+    ours, theirs = pair
+    theirs.send(b"garbage")
+    with pytest.raises(protocol.ProtocolError) as raised:
+        _run(core.short(ours, "ping"), 5)
+    assert raised.value.code == "internal" and "malformed reply" in str(raised.value)
+
+
 def _refuse(ours: socket.socket, theirs: socket.socket) -> None:
     """The supervisor refuses and closes with our first request unread."""
     protocol.send(ours, {"op": "early"})

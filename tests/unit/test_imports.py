@@ -1,16 +1,30 @@
-"""What a proxy pays to talk to a supervisor: the client library loads
-nothing of the server, nor PyYAML, python-prctl or ctypes (issue 12); nor
-does `landlock-supervisor run` in daemon mode, and `run --manifests` spawns
-its private supervisor before it loads its client (issue 14)."""
+"""What a proxy pays to talk to a supervisor: the client library loads only
+the client side docs/design.md names, and of the rest only the standard
+library without ctypes (no PyYAML, no python-prctl: issue 12); so does
+`landlock-supervisor run` in daemon mode, with its own modules; and `run
+--manifests` spawns its private supervisor before it loads its client (issue 14)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
-# Modules (and packages, with everything under them) a client must not load.
-SERVER_SIDE = ("yaml", "prctl", "_prctl", "ctypes", "landlock.syscalls", "supervisor.server",
-               "supervisor.zygote", "supervisor.spawn", "supervisor.manifest")
+DESIGN = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+_WHO = DESIGN[DESIGN.index("Who imports whom"):]
+
+
+def _named(before: str) -> list[str]:
+    """The modules design.md lists in the parentheses after `before`."""
+    group = re.search(re.escape(before) + r"\s+\(([^)]*)\)", _WHO, re.S)
+    assert group, before
+    return re.findall(r"`([a-z_.]+)`", group.group(1))
+
+
+CLIENT_SIDE = _named("the client side")
+RUN_OWN = _named("adds only its own")
+_OURS = ("supervisor", "landlock")
 
 _PROBE = """
 import json, sys
@@ -26,17 +40,32 @@ def _loaded(code: str) -> list[str]:
     return json.loads(out)
 
 
-def _server_side(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == s or m.startswith(s + ".") for s in SERVER_SIDE)]
+# What the interpreter's site set-up loads before any code of ours (a venv's).
+_SITE = {"__main__", "_distutils_hack", "sitecustomize", "usercustomize"}
 
 
-def test_client_imports_nothing_of_the_server() -> None:
-    assert _server_side(_loaded(_PROBE)) == []
+def _outside(modules: list[str], allowed: list[str]) -> list[str]:
+    """Loaded modules beyond the allowed ones of ours and the standard library (ctypes not)."""
+    ours = {"supervisor"} | {m if "." in m else f"supervisor.{m}" for m in allowed}
+    ours |= {m.split(".")[0] for m in ours}   # their packages
+    stdlib = sys.stdlib_module_names - {"ctypes"}
+    return [m for m in modules if m not in ours | _SITE
+            and (m.split(".")[0] in _OURS or m.split(".")[0] not in stdlib)]
+
+
+def test_design_names_the_client_side() -> None:
+    assert {"client", "aio", "_client_core", "protocol", "errors"} <= set(CLIENT_SIDE)
+    assert RUN_OWN and "cli" in RUN_OWN
+
+
+def test_client_loads_only_the_client_side() -> None:
+    assert _outside(_loaded(_PROBE), CLIENT_SIDE) == []
 
 
 def test_the_probe_would_see_them() -> None:
-    """The same probe after importing the server finds them: the test can fail."""
-    assert "supervisor.server" in _server_side(_loaded("import supervisor.server\n" + _PROBE))
+    """The same probe after importing the server, PyYAML or ctypes finds them: the test can fail."""
+    for server_side in ("supervisor.server", "supervisor.connections", "yaml", "ctypes", "landlock"):
+        assert server_side in _outside(_loaded(f"import {server_side}\n" + _PROBE), CLIENT_SIDE)
 
 
 # `run NAME` against a socket where nothing listens: the whole daemon-mode
@@ -56,14 +85,14 @@ import sys
 from supervisor import cli, private_boot
 print("[" + ", ".join('"%s"' % m for m in sorted(sys.modules)) + "]")   # (json is one of those looked for)
 """
-CLIENT_SIDE = ("supervisor.client", "supervisor._client_core", "supervisor.protocol", "supervisor.private", "json",
-               "typing")
+CLIENT_LIBRARY = ("supervisor.client", "supervisor._client_core", "supervisor.protocol", "supervisor.private",
+                  "json", "typing")
 
 
-def test_run_in_daemon_mode_imports_nothing_of_the_server() -> None:
-    assert _server_side(_loaded(_RUN)) == []
+def test_run_in_daemon_mode_loads_only_the_client_side_and_its_own() -> None:
+    assert _outside(_loaded(_RUN), CLIENT_SIDE + RUN_OWN) == []
 
 
 def test_run_spawns_a_private_supervisor_before_loading_its_client() -> None:
     loaded = _loaded(_BEFORE_PRIVATE)
-    assert [m for m in CLIENT_SIDE if m in loaded] == []
+    assert [m for m in CLIENT_LIBRARY if m in loaded] == []
