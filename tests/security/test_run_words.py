@@ -18,7 +18,6 @@ import pytest
 
 from sechelpers import Identity, case
 from svhelpers import PYTHON, REPO, run
-from test_audit import host_audit  # noqa: F401  (the fixture: audit switched on as needed, put back after)
 
 pytestmark = [pytest.mark.enforcement, pytest.mark.timeout(120)]
 
