@@ -154,6 +154,19 @@ def in_other_netns() -> bool:
         return False
 
 
+def unsettled_reason() -> str:
+    """Why a session's `deallocated` record (the kernel's count) did not
+    come: the kernel logs none while audit is off, and another program
+    (auditctl -e 0, an auditd stopping) may have switched it off."""
+    try:
+        enabled = audit.status().enabled
+    except OSError as e:
+        return f"the kernel's count did not come, and the audit status cannot be read: {e.strerror or e}"
+    if not enabled:
+        return "audit is off on this host now (switched off during the session): the kernel logs nothing"
+    return "the kernel's count did not come in time (its record lost: see `denials` for what was lost)"
+
+
 def make_canary(directory: str) -> str:
     """A file every domain denies (no manifest grants the supervisor's own
     directory) and DAC lets any uid open: a DAC refusal is never logged."""

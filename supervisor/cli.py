@@ -332,10 +332,14 @@ def _tell_denials_summary(name: str, child: Child, status: int) -> None:
     denials are not seen, why not and what to do."""
     from . import denied
     exited = child.exited or {}
-    text = denied.summary(name, exited.get("denials") or {}, child.denials)
+    text = denied.summary(name, child.denial_counts or {}, child.denials)
     failed = exited.get("reason") == "exited" and status != 0
     if text is None and failed and child.denials.get("mode") == "off" and child.denials.get("reason"):
         text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
+    why = (child.settled or {}).get("why")
+    if why:   # the kernel's count did not come: what was counted may fall short
+        print(denied.PREFIX + denied.clean(f"{name}: the kernel's count of its denials is missing: {why}"),
+              file=sys.stderr, flush=True)
     if text is not None:
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
 
@@ -382,6 +386,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
                 child.poll()
                 _tell_denied(args.name, child)
         relay.drain()
+        child.settle()   # the kernel's count, and any denial told after `exited`
         _tell_denied(args.name, child)
         if child.exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.

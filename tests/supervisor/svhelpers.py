@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor import procfs
 from supervisor.client import Child, Client
 from supervisor.procfs import alive, children_of, stat_fields, state
@@ -142,7 +144,41 @@ def run(client: Client, name: str, args: Sequence[str] = (), *, stdin: bytes | N
         os.close(in_w)
         out, err = read_all(out_r, err_r, timeout=timeout)
         code = child.wait(timeout)
+        child.settle()   # where denials are seen: their final counts (no wait where none is to come)
     return Run(child, code, out, err)
+
+
+def counted(child: Child) -> dict[str, Any]:
+    """A child's denials in all, once `settled` came. Where the kernel's
+    count did not come because audit was switched off under the test (by
+    another program: auditd stopping, `auditctl -e 0`), the test skips,
+    quoting the supervisor's own report of why."""
+    counts = child.settle()
+    assert counts is not None, f"denials not seen: {child.denials}"
+    why = (child.settled or {}).get("why")
+    if counts["kernel"] is None and why and "audit is off" in why:
+        pytest.skip(f"machine setting changed under the test: {why}")
+    return counts
+
+
+def accounted(counts: dict[str, Any], lost: dict[str, int]) -> bool:
+    """Every denial the kernel counted was received, or what was not is
+    reported lost (the `denials` reply's `lost`): never an exact count the
+    kernel may drop under load. Whether everything was received."""
+    reported = lost.get("kernel", 0) != 0 or lost.get("reader_overflows", 0) > 0
+    if counts["kernel"] is None:   # the `deallocated` record itself lost
+        assert reported, (counts, lost)
+        return False
+    assert counts["received"] <= counts["kernel"], counts
+    if counts["received"] < counts["kernel"]:
+        if not reported:
+            # The kernel logs nothing, and counts nothing lost, while audit
+            # is off: switched off and on again under the test.
+            pytest.skip(f"machine setting changed under the test: the kernel counted {counts['kernel']} "
+                        f"denial(s), {counts['received']} record(s) came and none was lost ({lost}): audit "
+                        "was switched off meanwhile")
+        return False
+    return True
 
 
 def sh(client: Client, script: str, **kwargs: Any) -> Run:
