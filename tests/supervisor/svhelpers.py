@@ -241,16 +241,25 @@ def send(s: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> 
     send_raw(s, json.dumps({"v": 1, **message}).encode(), fds)
 
 
-def recv(s: socket.socket) -> dict[str, Any] | None:
-    """One message (None at EOF); any fds that came are closed."""
-    data, anc, _, _ = s.recvmsg(1 << 17, socket.CMSG_SPACE(64 * 4))
-    for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[:len(payload) - len(payload) % 4])
-            for fd in arr:
-                os.close(fd)
-    return json.loads(data) if data else None
+# Events the supervisor sends unasked where the host's audit is on: a client
+# reads on past them to what it waits for (docs/protocol.md).
+UNASKED = frozenset({"denied", "settled"})
+
+
+def recv(s: socket.socket, unasked: bool = False) -> dict[str, Any] | None:
+    """One message (None at EOF), past the `denied` and `settled` events
+    unless unasked; any fds that came are closed."""
+    while True:
+        data, anc, _, _ = s.recvmsg(1 << 17, socket.CMSG_SPACE(64 * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arr = array.array("i")
+                arr.frombytes(payload[:len(payload) - len(payload) % 4])
+                for fd in arr:
+                    os.close(fd)
+        message = json.loads(data) if data else None
+        if unasked or message is None or message.get("event") not in UNASKED:
+            return message
 
 
 def request(path: str, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any] | None:
