@@ -154,16 +154,20 @@ def in_other_netns() -> bool:
         return False
 
 
-def unsettled_reason() -> str:
+def unsettled_reason(domain_known: bool) -> str:
     """Why a session's `deallocated` record (the kernel's count) did not
     come: the kernel logs none while audit is off, and another program
-    (auditctl -e 0, an auditd stopping) may have switched it off."""
+    (auditctl -e 0, an auditd stopping) may have switched it off; none for
+    a domain that logged nothing (a manifest granting the canary)."""
     try:
         enabled = audit.status().enabled
     except OSError as e:
         return f"the kernel's count did not come, and the audit status cannot be read: {e.strerror or e}"
     if not enabled:
         return "audit is off on this host now (switched off during the session): the kernel logs nothing"
+    if not domain_known:
+        return ("no record of its domain came: it logged nothing (its manifest grants the supervisor's canary, "
+                "and nothing was denied), or the records were lost (see `denials`)")
     return "the kernel's count did not come in time (its record lost: see `denials` for what was lost)"
 
 

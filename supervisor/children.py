@@ -62,11 +62,17 @@ class Children:
         self.limits, self.stats, self.records, self.tick = limits, stats, records, tick
         self.pid = os.getpid()
         self.sessions: dict[int, Session] = {}
+        self.settling: dict[int, Session] = {}   # exited, the kernel's count of their denials still to come
         self.denials: Denials | None = None       # set when denials are read
         self.visibility: dict[str, Any] = {"mode": "off"}   # audit.Mode.describe(), in every `spawned`
 
     def __len__(self) -> int:
         return len(self.sessions)
+
+    def session_of(self, pid: int) -> Session | None:
+        """The session of a pid, running or settling (its domain's records
+        may come after its exit)."""
+        return self.sessions.get(pid) or self.settling.get(pid)
 
     def count_of(self, uid: int) -> int:
         return sum(s.uid == uid for s in self.sessions.values())
@@ -292,8 +298,7 @@ class Children:
         exited = session.exited
         assert exited is not None
         tally = session.tally
-        settling = (tally is not None and session.conn is not None and self.denials is not None
-                    and self.denials.awaits(session))
+        settling = self._settles(session)
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
         event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
@@ -303,8 +308,19 @@ class Children:
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         if settling:
+            self.settling[session.pid] = session
             self._settle_later(session, SETTLE_WAIT)
         self._forget(session)
+
+    def _settles(self, session: Session) -> bool:
+        """Whether a `settled` event follows its `exited`: the kernel's count
+        is to come for a domain known, or for one whose records may not be
+        read yet (a child that ends within a few ms of its canary denial:
+        the records come through the kernel's audit thread)."""
+        tally, denials = session.tally, self.denials
+        if tally is None or session.conn is None or denials is None or tally.settled or tally.kernel is not None:
+            return False
+        return denials.awaits(session) or (not tally.domains and denials.canary is not None)
 
     def _settle_later(self, session: Session, waited: float) -> None:
         """The kernel's count comes ~60 ms after the domain's last process:
@@ -336,9 +352,11 @@ class Children:
         tally.settled, tally.on_settled = True, None
         event: dict[str, Any] = {"event": "settled", "pid": session.pid, "denials": tally.summary()}
         if tally.kernel is None:
-            event["why"] = audit.unsettled_reason()
+            event["why"] = audit.unsettled_reason(bool(tally.domains))
         self.connections.send(session.conn, event)
         denials.forget(session)
+        if self.settling.get(session.pid) is session:
+            del self.settling[session.pid]
 
     def _forget(self, session: Session) -> None:
         if session.kill_timer is not None:

@@ -101,7 +101,7 @@ class Supervisor:
             "describe": self._describe, "status": self._status, "signal": self._signal,
             "denials": self._denials}
         self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
-                                           config.control_fd is not None, self.children.sessions.get,
+                                           config.control_fd is not None, self.children.session_of,
                                            self.connections.offer)
         self.children.denials = self.visibility.denials
         self.children.visibility = self.visibility.mode.describe()

@@ -21,7 +21,7 @@ from typing import Any
 from ..client import SupervisorError
 from ..private import PrivateStartFailed, start
 from .session import Outcome, drive
-from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, WRITE, Access, read_task
+from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_task
 
 MAX_TRACE_BYTES = 512 << 20   # all of a run's trace files: a server could write there too
 _STDERR_TAIL = 2000
@@ -89,6 +89,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
             finally:
                 os.close(in_w)
             status = _finish(child)
+            child.settle()   # denials whose records came after its `exited`
         os.close(out_r)
     finally:
         client.close()
@@ -171,11 +172,15 @@ def audit_denials(r: Run) -> list[Access]:
     """The DenialSource of the kernel's own word: the `denied` events the
     supervisor read from the audit log while this run was confined
     (where it reads them). It sees what a trace cannot: the kernel's
-    execute checks inside execve, io_uring."""
+    execute checks inside execve, io_uring. Not the tracer's own: strace
+    runs confined with the server, and reads /proc files of its own
+    (pid_max, its tracees' status) the server needs no grant for."""
     out = []
     for event in r.denied:
         rights, obj = event.get("rights") or [], str(event.get("object") or "")
         process = event.get("process") or {}
+        if process.get("exe") == STRACE:
+            continue
         evidence = f"denied to {process.get('comm') or 'the server'}, audit"
         if event.get("kind") == "tcp":
             port = int(obj.rpartition(":")[2]) if obj.rpartition(":")[2].isdigit() else 0

@@ -128,13 +128,14 @@ class Supervisor:
     def idle_fds(self, timeout: float = 5) -> dict[int, str]:
         """Its fds once no connection is open (three Unix sockets: the
         listener and the zygote's two channels; no peer pidfd; where the
-        host's audit is on, its audit reader's netlink socket besides).
-        Fails if it does not get there in time."""
+        host's audit is on, its audit reader's netlink socket besides, and
+        no /proc file it reads a moment: it looks up the creator of any
+        domain on the host in /proc). Fails if it does not get there in time."""
         def idle() -> bool:
             targets = list(self.fds().values())
             netlink = netlink_sockets(self.pid)
             return (sum(t.startswith("socket:") and t not in netlink for t in targets) == 3
-                    and not any("pidfd" in t for t in targets))
+                    and not any("pidfd" in t or t.startswith("/proc/") for t in targets))
         assert wait_until(idle, timeout), f"never idle: {self.fds()}"
         return self.fds()
 

@@ -94,6 +94,9 @@ def test_the_supervisors_denied_events_are_denials_too() -> None:
         {"event": "denied", "rights": ["net.connect_tcp"], "kind": "tcp", "object": "127.0.0.1:443"},
         {"event": "denied", "rights": ["net.bind_tcp"], "kind": "tcp", "object": "0.0.0.0:8080"},
         {"event": "denied", "rights": ["scope.signal"], "kind": "process", "object": "pid 1 (init)"},
+        # the tracer's own, confined with the server: no grant for the server
+        {"event": "denied", "rights": ["fs.read_file"], "kind": "path", "object": "/proc/sys/kernel/pid_max",
+         "process": {"pid": 4, "comm": "strace", "exe": trace.STRACE}},
     ]
     run = runner.Run([], 0, "", "/nonexistent", "/", 0.0, 0, (), events)
     got = [(a.kind, a.path, a.port, a.denied) for a in runner.audit_denials(run)]
