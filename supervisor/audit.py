@@ -166,8 +166,9 @@ def unsettled_reason(domain_known: bool) -> str:
     if not enabled:
         return "audit is off on this host now (switched off during the session): the kernel logs nothing"
     if not domain_known:
-        return ("no record of its domain came: it logged nothing (its manifest grants the supervisor's canary, "
-                "and nothing was denied), or the records were lost (see `denials`)")
+        return ("no record of its domain came: audit was off while it ran (switched off and on again), or it "
+                "logged nothing (its manifest grants the supervisor's canary, and nothing was denied), or the "
+                "records were lost (see `denials`)")
     return "the kernel's count did not come in time (its record lost: see `denials` for what was lost)"
 
 

@@ -30,7 +30,7 @@ def test_the_default_mode_follows_the_host(lab: Any) -> None:
     # The supervisor's own report says which: another program may switch
     # the host's audit on or off while the test runs.
     if result.child.denials["mode"] == "count":
-        counts = counted(result.child)
+        counts = counted(result.child, sv.client)
         assert counts["kernel"] == 1 or not accounted(counts, sv.client.denials()["lost"]), counts
     else:
         assert result.child.denials["mode"] == "off"
