@@ -200,7 +200,7 @@ class Reader:
         self.overflows = 0        # ENOBUFS: records lost for this reader
         self.timer: Timer | None = None
         denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
-        loop.watch(sock, self.on_readable)
+        loop.watch(sock, self.on_readable, last=True)
 
     def close(self) -> None:
         self.loop.unwatch(self.sock)

@@ -40,6 +40,7 @@ class Loop:
         self.selector = selectors.DefaultSelector()
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()   # equal times run in the order they were set
+        self._last: set[int] = set()       # fds handled after the others ready at the same time
 
     def at(self, delay: float, callback: Callable[[], Any]) -> Timer:
         """Run callback after delay seconds (unless cancelled)."""
@@ -47,12 +48,16 @@ class Loop:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), timer))
         return timer
 
-    def watch(self, fileobj: Any, callback: Callable[[], None]) -> None:
-        """callback() whenever fileobj is readable."""
-        self.selector.register(fileobj, selectors.EVENT_READ, lambda key: callback())
+    def watch(self, fileobj: Any, callback: Callable[[], None], last: bool = False) -> None:
+        """callback() whenever fileobj is readable; last: after the others
+        ready at the same time (news nobody waits for, such as audit
+        records, never before an event a client waits for)."""
+        key = self.selector.register(fileobj, selectors.EVENT_READ, lambda key: callback())
+        if last:
+            self._last.add(key.fd)
 
     def unwatch(self, fileobj: Any) -> None:
-        self.selector.unregister(fileobj)
+        self._last.discard(self.selector.unregister(fileobj).fd)
 
     def catch(self, signals: Iterable[int], handler: Callable[[set[int]], None]) -> None:
         """handler(the signal numbers received) in the loop, not in a signal handler."""
@@ -74,7 +79,8 @@ class Loop:
             timeout = None
             if self._timers:
                 timeout = max(0.0, self._timers[0][0] - time.monotonic())
-            for key, _ in self.selector.select(timeout):
+            ready = [key for key, _ in self.selector.select(timeout)]
+            for key in sorted(ready, key=lambda key: key.fd in self._last) if self._last else ready:
                 guarded(key.data, key)
             now = time.monotonic()
             while self._timers and self._timers[0][0] <= now:
