@@ -401,29 +401,6 @@ def test_the_record_is_roots_and_never_a_link(tmp_path: Any) -> None:
         settings.Record(str(tmp_path)).__enter__()
 
 
-def test_the_audit_socket_is_read_after_whatever_else_is_ready() -> None:
-    # A flood of records never goes before a client's request in a loop turn.
-    import socket
-
-    from supervisor.loop import Loop
-    loop, order = Loop(), []
-    pairs = [socket.socketpair() for _ in range(3)]
-    try:
-        loop.watch(pairs[0][0], lambda: order.append("audit"), last=True)
-        loop.watch(pairs[1][0], lambda: order.append("client"))
-        loop.watch(pairs[2][0], lambda: order.append("zygote"))
-        for _, w in pairs:
-            w.send(b"x")
-        loop.run(lambda: len(order) >= 3)
-        assert order[-1] == "audit" and sorted(order[:2]) == ["client", "zygote"]
-        loop.unwatch(pairs[0][0])
-        assert not loop._last
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
-
-
 def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w: World) -> None:
     # Records of domains nobody knows, events that never see their EOE (a
     # task without an audit context), each with a 4 KiB path and exe.
