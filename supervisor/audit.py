@@ -272,6 +272,8 @@ class Reader:
 
     def _record(self, serial: int, record: audit.Record | None) -> None:
         if isinstance(record, audit.Domain):
+            if record.status == "deallocated":
+                self._finish_domain(record.domain)
             self.denials.domain(record)  # at once: the event's accesses need it
             return
         if record is None:  # EOE: the event is complete
@@ -296,6 +298,15 @@ class Reader:
         syscall = event[2][0] if event[2] else None
         for access in event[1]:
             self.denials.access(access, syscall)
+
+    def _finish_domain(self, domain: int) -> None:
+        """A deallocated domain's events are complete (its processes are
+        gone, their records came first): those still open (no EOE: a task
+        without an audit context) are handled before its count, so that its
+        canary's record names it first (a child that ended at once: its
+        `settled` gets the count)."""
+        for serial in [s for s, e in self.events.items() if any(a.domain == domain for a in e[1])]:
+            self._finish(serial)
 
     def _flush(self) -> None:
         """Events without an EOE (a task without an audit context)."""
