@@ -142,12 +142,12 @@ def test_a_relative_state_root_is_the_one_learn_was_given(lab, tiny, kept) -> No
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a dynamic uid is a root supervisor's")
-def test_learn_runs_the_server_as_the_uid_serve_will_give_it(lab, tiny) -> None:
+def test_learn_runs_the_server_as_the_uid_serve_will_give_it(lab, tiny, kept) -> None:
     """learn takes the dynamic uid in the host's table under the real state
     root, and its scratch supervisor runs the server as that uid: no key of
     the scratch state root is recorded (it would hold a uid for good)."""
     server, out = tiny
-    result = learn(lab, "--name", "tiny", "--out", str(lab.dir / "tiny.yaml"), "--write", str(out),
+    result = learn(lab, "--name", "tiny", "--out", str(kept / "tiny.yaml"), "--write", str(out),
                    *save(out / "mine.txt"), "--", "/usr/bin/python3", str(server))
     assert result.returncode == 0, result.stderr
     uid = ids.Table(str(lab.dir / "state")).names()["tiny"]
