@@ -22,7 +22,7 @@ from supervisor import audit_settings
 from supervisor.client import Client
 
 sys.path.insert(0, os.path.dirname(__file__))
-from svhelpers import PYTHON, REPO, accounted, counted, lost_any, run, spawn_bg, wait_until  # noqa: E402
+from svhelpers import PYTHON, REPO, accounted, counted, lost_any, reported_lost, run, spawn_bg, wait_until  # noqa: E402
 
 # Not `enforcement`: what these need of the host is a machine setting, and
 # their fixture says which one when a skip is all it can do.
@@ -49,7 +49,7 @@ def _all_received(child: Any, client: Client) -> None:
     """For a test that needs every record: skips where some did not come
     (lost under load and reported, or audit switched off under the test)."""
     counts = counted(child, client)
-    if not accounted(counts, client.denials()["lost"]):
+    if not accounted(counts, client):
         pytest.skip(f"records lost under load, and reported: {counts}")
 
 
@@ -59,7 +59,7 @@ def _run_lines(proc: Any, client: Client) -> list[str]:
     lines = [l for l in proc.stderr.splitlines() if l.startswith("landlock-supervisor: sh: ")]
     missing = [l for l in lines if "the kernel's count of its denials is missing: " in l]
     if missing:
-        off = "audit is off" in missing[0] or not lost_any(client.denials()["lost"])
+        off = "audit is off" in missing[0] or not lost_any(reported_lost(client))
         reason = "machine setting changed under the test" if off else "records lost under load, and reported"
         pytest.skip(f"{reason}: {missing[0]}")
     return lines
@@ -109,7 +109,7 @@ def _count_mode(lab: Any) -> None:
         assert denied == []   # nothing after exec is logged
         counts = counted(result.child, sv.client)
         if counts["kernel"] is None:   # its record lost under load: and that is said
-            assert accounted(counts, sv.client.denials()["lost"]) is False
+            assert accounted(counts, sv.client) is False
             continue
         assert counts["kernel"] == 3, (name, counts)   # the canary not among them
 
@@ -160,10 +160,9 @@ def test_a_flood_is_deduplicated_and_the_supervisor_stays_responsive(lab: Any, h
         counts = counted(child, sv.client)
         hostname = [e for e in child.denied if e["object"] == "/etc/hostname"]
         assert len(hostname) == (1 if counts["received"] else 0)   # told once, if any record came
-        lost = sv.client.denials()["lost"]
-        assert set(lost) == {"kernel", "reader_overflows", "unattributed"}
+        assert set(sv.client.denials()["lost"]) == {"kernel", "reader_overflows", "unattributed"}
         # The kernel counts every one; what the reader did not get is said, not hidden.
-        accounted(counts, lost)   # (its own record may be lost in the flood: and that is said)
+        accounted(counts, sv.client)   # (its own record may be lost in the flood: and that is said)
         if counts["kernel"] is not None:
             assert FLOODED <= counts["kernel"] < FLOODED + 10, counts   # (and what python itself was denied)
     finally:
@@ -178,7 +177,7 @@ def test_distinct_denials_are_rate_limited_and_counted(lab: Any, host_audit: Any
     n = len(paths)
     result, denied = _collect(sv.client, "py", [DISTINCT.format(paths=paths)])
     counts = counted(result.child, sv.client)
-    if not accounted(counts, sv.client.denials()["lost"]) and counts["received"] <= 2 * 50:
+    if not accounted(counts, sv.client) and counts["received"] <= 2 * 50:
         pytest.skip(f"records lost under load, and reported: too few left to pass the rate limit: {counts}")
     assert counts["shown"] == len(denied) < n
     assert counts["hidden"] > 0   # over the rate: counted, and said in the summary
@@ -248,7 +247,7 @@ def test_run_reports_a_denial_that_was_the_childs_last_act(lab: Any, host_audit:
     assert proc.returncode == 1
     lines = _run_lines(proc, sv.client)
     if not lines:   # count mode, its canary's and its domain's records lost: and that is said
-        lost = sv.client.denials()["lost"]
+        lost = reported_lost(sv.client)
         assert lost_any(lost), (proc.stderr, lost)
         pytest.skip(f"records lost under load, and reported: {lost}")
     assert lines[-1].startswith("landlock-supervisor: sh: the kernel denied 1 access(es)"), proc.stderr
@@ -293,7 +292,7 @@ def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, h
         assert child.wait(30) == 0
         counts = counted(child, sv.client)
         assert counts["shown"] == len(child.denied)
-        if not accounted(counts, sv.client.denials()["lost"]) and counts["received"] <= 2 * 50:
+        if not accounted(counts, sv.client) and counts["received"] <= 2 * 50:
             pytest.skip(f"records lost under load, and reported: too few left to pass the rate limit: {counts}")
         assert counts["hidden"] > 0
     finally:
@@ -338,7 +337,7 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
     got = json.loads(out.stdout)
     if got["counts"]["received"] < (got["counts"]["kernel"] or 1):
         why = got["settled"].get("why") if got["settled"] else None
-        reason = "records lost under load, and reported" if lost_any(sv.client.denials()["lost"]) else \
+        reason = "records lost under load, and reported" if lost_any(reported_lost(sv.client)) else \
             "machine setting changed under the test"
         pytest.skip(f"{reason}: {got['counts']} ({why})")
     assert [e["object"] for e in got["denied"]] == ["/etc/hostname"]
