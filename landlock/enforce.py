@@ -32,7 +32,21 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 
-_PYTHON_IGNORED = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def default_signals() -> None:
+    """Every signal at its default, none blocked: an ignored signal and the
+    signal mask survive execve. Python ignores SIGPIPE and SIGXFSZ, and a
+    caller may have ignored others (`nohup` ignores SIGHUP): a server
+    started under nohup, or from a service manager's environment, still
+    ends at SIGHUP and SIGPIPE as servers do."""
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass   # SIGKILL, SIGSTOP, glibc's own
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 class NotSingleThreaded(RuntimeError):
@@ -236,10 +250,7 @@ def exec_confined(spec: Spec, argv: list[str], env: dict[str, str], *,
         print(f"landlock-exec: {report.note}", file=sys.stderr, flush=True)
     if thread_count(stat_fd) != 1:
         _fail(EXIT_THREADS, "a thread appeared before exec: the domain would be lost")
-    # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored
-    # across execve. The target gets the defaults, as subprocess gives them.
-    for sig in _PYTHON_IGNORED:
-        signal.signal(sig, signal.SIG_DFL)
+    default_signals()
     try:
         confinement.enter(enter.LAST)
     except OSError as e:

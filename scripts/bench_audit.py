@@ -31,47 +31,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from landlock import audit  # noqa: E402
-from scripts.bench.measure import log, summarize  # noqa: E402
-from supervisor.client import Client  # noqa: E402
-
-MODES = ("off", "count", "detail")
-MANIFESTS = {
-    "true": "command: /bin/true\npool: 0\nsandbox: {profiles: [system]}\n",
-    "true_pooled": "command: /bin/true\nsandbox: {profiles: [system]}\n",
-    "denied": "command: /bin/sh\nargs: ['-c', 'read x </etc/hostname; exit 0']\npool: 0\n"
-              "sandbox: {profiles: [system]}\n",
-}
-
-
-def _start(base: Path, mode: str) -> tuple[subprocess.Popen[bytes], Client]:
-    sock = base / f"{mode}.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--socket", str(sock), "serve", "--manifests",
-                             str(base / "m"), "--state-root", str(base / f"state-{mode}"), "--audit", mode,
-                             "--allow-root-servers"], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stderr=open(base / f"{mode}.log", "wb"))
-    client = Client(str(sock))
-    for _ in range(500):
-        try:
-            client.ping()
-            return proc, client
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit(f"the {mode} supervisor did not start: {(base / f'{mode}.log').read_text()}")
-
-
-def _once(client: Client, name: str) -> tuple[int, int]:
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        t0 = time.perf_counter_ns()
-        child = client.spawn(name, stdin=null, stdout=null, stderr=null)
-        t1 = time.perf_counter_ns()
-        child.wait(30)
-        t2 = time.perf_counter_ns()
-        child.close()
-    finally:
-        os.close(null)
-    return t1 - t0, t2 - t0
-
+from scripts.bench.audit_exits import MANIFESTS, MODES, interleaved, start, write_manifests  # noqa: E402
+from scripts.bench.measure import log  # noqa: E402
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -82,35 +43,23 @@ def main() -> int:
         raise SystemExit("bench_audit: root only (reading audit records needs CAP_AUDIT_READ)")
     before = audit.status()
     base = Path(tempfile.mkdtemp(prefix="llsv-bench-audit-"))
-    (base / "m").mkdir()
-    for name, text in MANIFESTS.items():
-        (base / "m" / f"{name}.yaml").write_text(f"name: '{name}'\nallow_root: true\n{text}")
+    write_manifests(base / "m")
     results: dict[str, Any] = {"rounds": args.rounds, "audit_before": before._asdict(), "phases": {}}
     procs = []
     try:
         if before.enabled == 0:
-            proc, client = _start(base, "off")
+            proc, client = start(base, "off")
             procs.append(proc)
-            samples: dict[str, list[tuple[int, int]]] = {n: [] for n in MANIFESTS}
-            for _ in range(args.rounds):
-                for name in MANIFESTS:
-                    samples[name].append(_once(client, name))
-            results["phases"]["off_before_audit"] = _summary(samples)
+            results["phases"]["off_before_audit"] = interleaved({"off": client}, args.rounds)["off"]
             proc.terminate()
             proc.wait(30)
             procs.remove(proc)
         log("switching audit on for the count and detail supervisors (host-wide; they put it back)")
         clients = {}
         for mode in MODES:
-            proc, clients[mode] = _start(base, mode)
+            proc, clients[mode] = start(base, mode)
             procs.append(proc)
-        by_mode: dict[str, dict[str, list[tuple[int, int]]]] = {m: {n: [] for n in MANIFESTS} for m in MODES}
-        for _ in range(args.rounds):
-            for name in MANIFESTS:
-                for mode in MODES:
-                    by_mode[mode][name].append(_once(clients[mode], name))
-        for mode in MODES:
-            results["phases"][mode] = _summary(by_mode[mode])
+        results["phases"].update(interleaved(clients, args.rounds))
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -123,11 +72,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
-
-
-def _summary(samples: dict[str, list[tuple[int, int]]]) -> dict[str, Any]:
-    return {name: {"spawned": summarize([s for s, _ in pairs]), "exited": summarize([e for _, e in pairs])}
-            for name, pairs in samples.items()}
 
 
 def _table(results: dict[str, Any]) -> str:

@@ -41,6 +41,9 @@ CLOSED = "the supervisor closed the connection"
 NO_ANSWER = "no answer from the supervisor in time"
 REFUSAL_WAIT = 1.0   # seconds to read a refused peer's refusal
 DENIED_KEPT = 1000   # `denied` events a child keeps for its owner to take
+# How long to wait for `settled` after `exited`: the supervisor's own wait
+# for the kernel's count is at most 2.25 s (supervisor/audit.py, SETTLE_*).
+SETTLE_BOUND = 3.0
 
 
 # The errors a client tells apart, each an errors.SupervisorError with its
@@ -212,6 +215,7 @@ class ChildState:
         self.manifest: str = spawned.get("manifest", "")
         self._report: Mapping[str, Any] = spawned["report"]
         self.exited: dict[str, Any] | None = None   # the `exited` event, once known
+        self.settled: dict[str, Any] | None = None  # the `settled` event that may follow it
         # What the supervisor says of it: the `denied` events not taken yet
         # (the oldest dropped past DENIED_KEPT), and whether they are seen.
         self.denied: collections.deque[dict[str, Any]] = collections.deque(maxlen=DENIED_KEPT)
@@ -231,6 +235,23 @@ class ChildState:
             return None
         return self.exited["code"] if self.exited["code"] is not None else -self.exited["signal"]
 
+    @property
+    def settling(self) -> bool:
+        """Exited, with the kernel's count of its denials still to come in
+        a `settled` event (a supervisor older than that event never says so)."""
+        return (self.exited is not None and self.settled is None
+                and (self.exited.get("denials") or {}).get("final") is False)
+
+    @property
+    def denial_counts(self) -> dict[str, Any] | None:
+        """What was denied in all (received, shown, suppressed, hidden,
+        kernel): from `settled` once it came, else from `exited`; None
+        while running or where denials are not seen."""
+        for event in (self.settled, self.exited):
+            if event is not None and event.get("denials") is not None:
+                return dict(event["denials"])
+        return None
+
     def fileno(self) -> int:
         """Readable when the supervisor has news (e.g. the exit): for selectors."""
         return self._sock.fileno()
@@ -242,6 +263,8 @@ class ChildState:
         message = yield from receive(self._sock)
         if message.get("event") == "exited":
             self.exited = message
+        elif message.get("event") == "settled":
+            self.settled = message
         elif message.get("event") == "denied":
             self.denied.append(message)
         return message
@@ -262,6 +285,14 @@ class ChildState:
         code = self.returncode
         assert code is not None
         return code
+
+    def _settle(self) -> Exchange[dict[str, Any] | None]:
+        """The final counts, once `settled` came (at once when none is to
+        come); `denied` events that come meanwhile are kept as ever."""
+        yield from self._exit()
+        while self.settling:
+            yield from self._next()
+        return self.denial_counts
 
     def _signal(self, sig: int, group: bool) -> Exchange[None]:
         if self.exited is not None:

@@ -56,6 +56,14 @@ class AsyncChild(core.ChildState):
         async with self._lock:
             return await _run(self._exit())
 
+    async def settle(self, timeout: float = core.SETTLE_BOUND) -> dict[str, Any] | None:
+        """After the exit: its denials in all (see Child.settle)."""
+        try:
+            async with self._lock:
+                return await asyncio.wait_for(_run(self._settle()), timeout)
+        except (asyncio.TimeoutError, TimeoutError, ConnectionError):
+            return self.denial_counts
+
     async def signal(self, sig: int = signals.SIGTERM, group: bool = True) -> None:
         async with self._lock:
             await _run(self._signal(sig, group))

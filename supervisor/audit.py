@@ -177,6 +177,24 @@ def in_other_netns() -> bool:
         return False
 
 
+def unsettled_reason(status: audit.Status | None, domain_known: bool) -> str:
+    """Why a session's `deallocated` record (the kernel's count) did not
+    come, from the host's audit status (the reader's: None when it cannot
+    be read): the kernel logs none while audit is off, and another program
+    (auditctl -e 0, an auditd stopping) may have switched it off; none for
+    a domain that logged nothing (its canary's record never came). Pure:
+    tested as a table."""
+    if status is None:
+        return "the kernel's count did not come, and the audit status cannot be read"
+    if not status.enabled:
+        return "audit is off on this host now (switched off during the session): the kernel logs nothing"
+    if not domain_known:
+        return ("no record of its domain came: audit was off while it ran (switched off and on again), or it "
+                "logged nothing (its manifest grants the supervisor's canary, and nothing was denied), or the "
+                "records were lost (see `denials`)")
+    return "the kernel's count did not come in time (its record lost: see `denials` for what was lost)"
+
+
 def make_canary_root(directory: str) -> str:
     """This supervisor's canary root, `<directory>/<pid>`, empty: where its
     zygote makes each child's canary (zygote.child.make_canary). Root's
@@ -228,6 +246,7 @@ class Reader:
         self.busy = False         # records came since the last status (see status())
         self.last_status: audit.Status | None = None
         denials.behind = lambda: bool(select.select([sock], [], [], 0)[0])
+        denials.status = self.status
         loop.watch(sock, self.on_readable, last=True)   # clients' requests first, whatever the flood
 
     def close(self) -> None:
@@ -253,6 +272,8 @@ class Reader:
 
     def _record(self, serial: int, record: audit.Record | None) -> None:
         if isinstance(record, audit.Domain):
+            if record.status == "deallocated":
+                self._finish_domain(record.domain)
             self.denials.domain(record)  # at once: the event's accesses need it
             return
         if record is None:  # EOE: the event is complete
@@ -277,6 +298,15 @@ class Reader:
         syscall = event[2][0] if event[2] else None
         for access in event[1]:
             self.denials.access(access, syscall)
+
+    def _finish_domain(self, domain: int) -> None:
+        """A deallocated domain's events are complete (its processes are
+        gone, their records came first): those still open (no EOE: a task
+        without an audit context) are handled before its count, so that its
+        canary's record names it first (a child that ended at once: its
+        `settled` gets the count)."""
+        for serial in [s for s, e in self.events.items() if any(a.domain == domain for a in e[1])]:
+            self._finish(serial)
 
     def _flush(self) -> None:
         """Events without an EOE (a task without an audit context)."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import procfs, protocol, reap, survivors
+from . import audit, procfs, protocol, reap, survivors
 from .audit import SETTLE_MAX, SETTLE_WAIT
 from .connections import Connection, Connections
 from .denials import Denials, Tally
@@ -287,17 +287,17 @@ class Children:
             self.stats["reaped_orphans"] += 1
 
     def _announce_exit(self, session: Session) -> None:
+        """`exited` at once, with the denials counted so far; where the
+        kernel's own count is still to come, `settled` follows it."""
         exited = session.exited
         assert exited is not None
         tally = session.tally
-        if tally is not None and session.conn is not None and self.denials is not None and self.denials.awaits(session):
-            self._settle_later(session, SETTLE_WAIT)
-            return
+        settling = self._settles(session)
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
         event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
         if tally is not None:
-            event["denials"] = tally.summary()
+            event["denials"] = {**tally.summary(), "final": not settling}
         if reason == "exited" and exited["code"] and session.conn is not None:
             # A server that stops on its own may have met file permissions, not Landlock.
             from . import dac
@@ -307,11 +307,27 @@ class Children:
         self.connections.send(session.conn, event)
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
+        if settling:
+            self._settle_later(session, SETTLE_WAIT)
         self._forget(session)
+
+    def _settles(self, session: Session) -> bool:
+        """Whether a `settled` event follows its `exited`: the kernel's count
+        is to come for a domain known, or for one whose canary's record is
+        not read yet (a child that ends within a few ms of its canary
+        denial: the records come through the kernel's audit thread). Its
+        tally stays known by its canary and its domains until then, never
+        by its pid (issue 20.2)."""
+        tally, denials = session.tally, self.denials
+        if tally is None or session.conn is None or denials is None or tally.settled or tally.kernel is not None:
+            return False
+        return denials.awaits(session) or (tally.own is None and tally.canary is not None)
 
     def _settle_later(self, session: Session, waited: float) -> None:
         """The kernel's count comes ~60 ms after the domain's last process:
-        waited for, a little longer while the reader is behind, never long."""
+        waited for, a little longer while the reader is behind, never long.
+        The session is forgotten meanwhile (its pid may serve another);
+        its canary and its domains stay its own until then."""
         assert session.tally is not None and self.denials is not None
         denials = self.denials
 
@@ -328,16 +344,24 @@ class Children:
         session.tally.on_settled = settled
 
     def _settled(self, session: Session) -> None:
-        assert session.tally is not None
-        if not session.tally.settled:
-            session.tally.settled, session.tally.on_settled = True, None
-            self._announce_exit(session)
+        """`settled`: the session's denials in all, the kernel's count
+        included when it came (else why not), and its domains forgotten."""
+        tally, denials = session.tally, self.denials
+        assert tally is not None and denials is not None
+        if tally.settled:
+            return
+        tally.settled, tally.on_settled = True, None
+        event: dict[str, Any] = {"event": "settled", "pid": session.pid, "denials": tally.summary()}
+        if tally.kernel is None:
+            event["why"] = audit.unsettled_reason(denials.status(), tally.own is not None)
+        self.connections.send(session.conn, event)
+        denials.forget(session)
 
     def _forget(self, session: Session) -> None:
         if session.kill_timer is not None:
             session.kill_timer.cancel()
-        if self.denials is not None and session.tally is not None:
-            self.denials.forget(session)
+        if self.denials is not None and session.tally is not None and session.tally.on_settled is None:
+            self.denials.forget(session)   # (else once settled)
         if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
             del self.sessions[session.pid]
         if session.retry is not None:

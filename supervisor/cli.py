@@ -432,10 +432,11 @@ def _tell_denials_summary(name: str, child: Child, status: int, kept: Journal) -
     failed on its own where denials are not seen, why not and what to do."""
     from . import denied
     exited = child.exited or {}
-    text = denied.summary(name, exited.get("denials") or {}, child.denials)
+    text = denied.summary(name, child.denial_counts or {}, child.denials)
     failed = exited.get("reason") == "exited" and status != 0
     if text is None and failed and child.denials.get("mode") == "off" and child.denials.get("reason"):
         text = f"{name} failed; its denials are not visible: {child.denials['reason']}"
+    _tell_missing_count(name, child)
     if text is not None and kept.lines:
         try:
             kept.add({"event": "summary", "text": text})
@@ -446,6 +447,16 @@ def _tell_denials_summary(name: str, child: Child, status: int, kept: Journal) -
         print(denied.PREFIX + denied.clean(text), file=sys.stderr, flush=True)
     for finding in exited.get("dac") or ():
         print(f"{denied.PREFIX}{name}: file permissions (not Landlock): {denied.clean(finding)}",
+              file=sys.stderr, flush=True)
+
+
+def _tell_missing_count(name: str, child: Child) -> None:
+    """Where the kernel's count did not come (its `settled` says why): what
+    was counted may fall short. The supervisor's words only: on stderr."""
+    from . import denied
+    why = (child.settled or {}).get("why")
+    if why:
+        print(denied.PREFIX + denied.clean(f"{name}: the kernel's count of its denials is missing: {why}"),
               file=sys.stderr, flush=True)
 
 
@@ -502,6 +513,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         except (OSError, clients.SupervisorError) as e:   # (killed, say): no exit status to give
             return _fail(1, f"{args.name}: lost {_supervisor_of(args)} while it ran: {e}")
         relay.drain()
+        child.settle()   # the kernel's count, and any denial told after `exited`
         _tell_denied(args.name, child, kept)
         if exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.

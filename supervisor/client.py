@@ -53,6 +53,15 @@ class Child(core.ChildState):
     def wait(self, timeout: float | None = None) -> int:
         return _run(self._exit(), timeout)
 
+    def settle(self, timeout: float = core.SETTLE_BOUND) -> dict[str, Any] | None:
+        """After the exit: its denials in all, the kernel's count included
+        once `settled` came (waited for up to timeout seconds; what was
+        known by then, if it did not come or the connection closed)."""
+        try:
+            return _run(self._settle(), timeout)
+        except (TimeoutError, ConnectionError):
+            return self.denial_counts
+
     def poll(self) -> int | None:
         if self.exited is None:
             try:

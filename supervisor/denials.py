@@ -127,7 +127,7 @@ class Tally:
     tokens: float = BURST
     refilled: float = field(default_factory=time.monotonic)
     early: list[dict[str, Any]] = field(default_factory=list)  # before `spawned` went out
-    on_settled: Callable[[], None] | None = None   # the `exited` waiting for `kernel`
+    on_settled: Callable[[], None] | None = None   # the `settled` waiting for `kernel`, after `exited`
     settled: bool = False                    # that wait is over
 
     def summary(self) -> dict[str, Any]:
@@ -168,6 +168,7 @@ class Denials:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_MAX)
         self.unattributed = 0
         self.behind: Callable[[], bool] = lambda: False   # records wait unread (the reader says)
+        self.status: Callable[[], audit.Status | None] = lambda: None   # the host's audit status (the reader's)
 
     # ---- domains ------------------------------------------------------
 
@@ -246,8 +247,8 @@ class Denials:
         return name if parent == self.canary_root and _CANARY_NAME.fullmatch(name) else None
 
     def awaits(self, session: Any) -> bool:
-        """Whether its `exited` should wait for the kernel's count: a
-        domain of it is known and not deallocated yet."""
+        """Whether a `settled` should wait for the kernel's count: a domain
+        of it is known and not deallocated yet."""
         tally = session.tally
         return (tally is not None and not tally.settled and tally.kernel is None
                 and any(self.domains.get(d) is session for d in tally.domains))

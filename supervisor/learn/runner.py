@@ -89,6 +89,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
             finally:
                 os.close(in_w)
             status = _finish(child)
+            child.settle()   # denials whose records came after its `exited`
         os.close(out_r)
     finally:
         client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import termios
@@ -164,10 +165,20 @@ def test_rlimit_flag():
 
 
 @pytest.mark.enforcement
-def test_target_gets_default_signal_dispositions():
-    """Python ignores SIGPIPE and SIGXFSZ; the target must not inherit that."""
-    p = run_cli(*USR, "--ro", "/proc", "--", "grep", "SigIgn", "/proc/self/status")
-    assert p.stdout.split() == ["SigIgn:", "0" * 16]
+def _as_under_nohup() -> None:
+    """What `nohup` leaves (SIGHUP ignored), and a blocked signal besides."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+
+@pytest.mark.parametrize("caller", [None, _as_under_nohup], ids=["plain", "nohup"])
+def test_target_gets_default_signal_dispositions(caller):
+    """Python ignores SIGPIPE and SIGXFSZ, a caller under nohup SIGHUP, and
+    ignored or blocked signals survive exec: a server gets the defaults,
+    as the supervisor's children do, however the test suite was started."""
+    p = run_cli(*USR, "--ro", "/proc", "--", "grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status",
+                preexec_fn=caller)
+    assert p.stdout.split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], p.stdout + p.stderr
 
 
 # --- specs carried by the environment --------------------------------------------

