@@ -52,6 +52,7 @@ import pytest
 import yaml
 
 import landlock
+from supervisor import ids
 from supervisor import manifest as manifests
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))  # clienthelpers, any import mode
@@ -97,9 +98,10 @@ class Home:
         return self.root / "state"
 
     def env(self) -> dict[str, str]:
-        """What a user's shell, or an MCP client, gives its commands."""
+        """What a user's shell, or an MCP client, gives its commands; and the
+        suite's table of dynamic uids (tests/conftest.py), never the host's."""
         return {"HOME": str(self.home), "LOGNAME": "root", "USER": "root", "PATH": PATH, "SHELL": "/bin/sh",
-                "TERM": "xterm-256color"}
+                "TERM": "xterm-256color", ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,10 @@ def sessions(world: Home, learnt: dict[str, Learnt]) -> dict[str, Any]:
     spec = {"timeout": 30, "sessions": {
         n: {"command": str(SUPERVISOR),
             "args": ["run", "--manifests", str(world.manifests), "--state-root", str(world.state), n],
-            "env": BY_NAME[n].env, "roots": None, "calls": [c.spec() for c in BY_NAME[n].run_calls(world)]}
+            # The SDK passes only the config's env: the suite's uid table with it
+            # (as env() gives learn), else the private supervisor takes uids in
+            # the host's and runs the server as another uid than learn did.
+            "env": {**BY_NAME[n].env, ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}, "roots": None, "calls": [c.spec() for c in BY_NAME[n].run_calls(world)]}
         for n in names}}
     path = world.root / "sessions.json"
     path.write_text(json.dumps(spec))
