@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except SocketPathError as e:
         return _fail(EXIT_USAGE, str(e))
     except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
-        return _fail(1, f"{_supervisor_of(args)} sent a malformed reply: {e}")
+        return _fail(1, f"{_supervisor_of(args)} sent {e}")   # ("a malformed reply: what")
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         return _fail(1, str(e))
     print(json.dumps(reply, indent=2, sort_keys=True))
@@ -375,7 +375,8 @@ def _names(described: dict[str, Any], key: str, required: bool = True) -> list[s
     names = described.get(key, None if required else [])
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         from .protocol import ProtocolError
-        raise ProtocolError(f"a 'described' reply without its list of {key} names: {str(described)[:200]}")
+        raise ProtocolError(f"a malformed reply: 'described' without its list of {key} names: "
+                            f"{str(described)[:200]}")
     return names
 
 
@@ -480,6 +481,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     from . import client as clients
     from .errors import USAGE_CODES
     from .private import PrivateStartFailed
+    from .protocol import ProtocolError
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.env if name in os.environ}
     try:
@@ -504,6 +506,8 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             return _fail(EXIT_UNAVAILABLE, str(e))
         except clients.SpawnFailed as e:
             return _fail(EXIT_EXEC_FAILED, str(e))
+        except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
+            return _fail(1, f"{_supervisor_of(args)} sent {e}")
         except clients.SupervisorError as e:
             return _fail(EXIT_USAGE if e.code in USAGE_CODES else 1, str(e))
         finally:

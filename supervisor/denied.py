@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     except ProtocolError as e:
         where = client.socket_path or "its default socket"
-        print(f"{PREFIX}the supervisor at {where} sent a malformed reply: {e}", file=sys.stderr)
+        print(f"{PREFIX}the supervisor at {where} sent {e}", file=sys.stderr)   # ("a malformed reply: what")
         return 1
     except (OSError, TimeoutError, clients.SupervisorError) as e:
         print(PREFIX + str(e), file=sys.stderr)

@@ -176,7 +176,7 @@ def shell(request: pytest.FixtureRequest) -> Iterator[Shell]:
     problem = servers_problem()
     if problem:
         pytest.fail(problem, pytrace=False)
-    base = Path(tempfile.mkdtemp(prefix="llsv-readme-"))
+    base = Path(tempfile.mkdtemp(prefix="llsv-readme-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
         yield Shell(0 if request.param == "root" else free_uid(), base)

@@ -77,8 +77,9 @@ class NoWheelhouse(Exception):
 @contextlib.contextmanager
 def built_house() -> Iterator[House]:
     """A clean copy, its wheelhouse and what the entry points take, in a
-    directory of /tmp removed afterwards (scripts/bench_installs.py too)."""
-    base = Path(tempfile.mkdtemp(prefix="llsv-install-", dir="/tmp"))
+    directory of /var/tmp removed afterwards (scripts/bench_installs.py too;
+    not /tmp, where learn refuses to write its --out)."""
+    base = Path(tempfile.mkdtemp(prefix="llsv-install-", dir="/var/tmp"))
     os.chmod(base, 0o755)   # (the plain uid runs what is installed here)
     try:
         src = base / "src"

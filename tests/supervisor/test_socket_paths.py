@@ -89,9 +89,11 @@ def _serve_as_user(lab, state, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def _run_as_user(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "supervisor", "run", *args], cwd="/", env={
-        **env, "PYTHONPATH": str(REPO)}, user=USER_UID, group=USER_UID, extra_groups=[],
-        capture_output=True, text=True, timeout=20)
+    # The console script, as a client config names it (`python -m` from / would
+    # import from / and say so: issue 20's warning).
+    return subprocess.run([os.path.join(os.path.dirname(PYTHON), "landlock-supervisor"), "run", *args], cwd="/",
+                          env=env, user=USER_UID, group=USER_UID, extra_groups=[],
+                          capture_output=True, text=True, timeout=20)
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
@@ -152,17 +154,19 @@ def test_socket_writers(read_write, read_write_noexec, warned):
 @pytest.mark.timeout(60)
 @needs_root
 def test_a_grant_holding_the_socket_directory_is_warned(lab, places):
-    """A learned manifest's /tmp grant holds the fallback: under a user's
-    supervisor its server, the same uid, could put its own socket there."""
+    """A write grant holding the fallback (a learned manifest's /tmp, say;
+    here the fallback itself, as /tmp would hold this lab's manifests, which
+    serve refuses): under a user's supervisor its server, the same uid,
+    could put its own socket there."""
     _, _, state = places
-    lab.manifest("scratch", command="/bin/true", sandbox={"profiles": ["system"], "read_write_noexec": ["/tmp"]})
+    lab.manifest("scratch", command="/bin/true", sandbox={"profiles": ["system"], "read_write_noexec": [FALLBACK]})
     proc = _serve_as_user(lab, state, CLIENT_ENV)
     try:
         assert wait_until(lambda: os.path.exists(f"{FALLBACK}/socket"), 15), _stop(proc)
     finally:
         err = _stop(proc)
     warned = [line for line in err.splitlines() if "holds the socket's directory" in line]
-    assert len(warned) == 1 and "scratch: its grant of /tmp" in warned[0], err
+    assert len(warned) == 1 and f"scratch: its grant of {FALLBACK}" in warned[0], err
 
 
 @pytest.mark.timeout(60)
