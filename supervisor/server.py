@@ -1,17 +1,15 @@
 """The fork-server: wires loop, connections, policy, confinements, zygote and children; the op -> handler table; reload and shutdown.
 
 One thread, one selectors loop, for its whole life. A spawn goes one way:
-connections -> handler -> policy.admit/plan_spawn -> confinements -> zygote
+connections -> handler -> policy.admit/check_stdio/plan_spawn -> confinements -> zygote
 (zygote.process.ZygoteProcess) -> children -> events back through connections.
 """
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import signal
 import socket
-import stat
 import time
 from dataclasses import dataclass, field
 
@@ -41,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["Config", "Limits", "Supervisor"]
 
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-STDIO_NAMES = ("stdin", "stdout", "stderr")
 POOL_IDLE = 300.0
 
 
@@ -316,7 +313,7 @@ class Supervisor:
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
         m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
-        check_stdio(fds, m)
+        policy.check_stdio(fds, m)
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
         launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
@@ -407,27 +404,6 @@ def _session_of(conn: Connection, op: str) -> Session:
     if conn.session is None:
         raise Refused(Code.NO_CHILD, f"{op!r} needs a spawned child on this connection")
     return conn.session
-
-
-def check_stdio(fds: list[int], m: Manifest) -> None:
-    """The request's fds: 3, each one a child can use as stdio (fstat, fcntl
-    and isatty are system calls: not policy's to make)."""
-    if len(fds) != 3:
-        raise Refused(Code.BAD_FDS, f"'spawn' takes exactly 3 fds (stdin, stdout, stderr), got {len(fds)}")
-    for name, fd in zip(STDIO_NAMES, fds):
-        try:
-            st = os.fstat(fd)
-            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        except OSError as e:
-            raise Refused(Code.BAD_FDS, f"{name}: unusable fd: {e.strerror}") from None
-        if flags & os.O_PATH or stat.S_ISDIR(st.st_mode):
-            raise Refused(Code.BAD_FDS, f"{name}: a directory or O_PATH fd is no stdio")
-        # The child leads a session without a terminal: it could make this one
-        # its controlling terminal (TIOCSCTTY) and type into it (TIOCSTI).
-        if stat.S_ISCHR(st.st_mode) and not m.terminal and os.isatty(fd):
-            raise Refused(Code.BAD_FDS, f"{name}: a terminal, and manifest {m.name!r} does not take one "
-                          "(terminal: true); pass pipes (`landlock-supervisor run` relays a "
-                          "terminal through pipes)")
 
 
 def _starting(served: dict[str, Manifest], withdrawn: dict[str, str]) -> None:
