@@ -56,7 +56,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class SpawnPlan:
-    """Everything a launch needs but the prepared confinement of `spec`."""
+    """Everything a launch needs but the prepared confinement of `spec`
+    (zygote.process.Launch pairs the two, from here to the zygote)."""
     manifest: Manifest
     program: str
     argv: list[str]

@@ -310,20 +310,24 @@ class Supervisor:
         handler(conn, message, fds)
 
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
+        """docs/design.md's spawn, a line a step: policy, then the confinement, then the child."""
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
         m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
         policy.check_stdio(fds, m)
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
-        launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
-                        self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
+        launch = Launch(plan, self.confinements.get(plan.spec))
         self.own.check()
         try:
             self.children.start(conn, m, launch, fds)
         finally:
-            if self.pool_timer is None and self.zygote.demand.last:
-                self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
+            self._watch_pools()
+
+    def _watch_pools(self) -> None:
+        """Once a spawn put an adaptive pool in demand: its idle check, if none is set."""
+        if self.pool_timer is None and self.zygote.demand.last:
+            self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
 
     def _pools_idle(self) -> None:
         """Drain the adaptive pools no longer in demand; again when the next may be."""
