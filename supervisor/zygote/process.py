@@ -18,7 +18,6 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-
 import landlock
 
 from . import boot, messages
@@ -35,20 +34,17 @@ _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on noth
 
 @dataclass(frozen=True)
 class Launch:
-    """One child to start: policy's plan (argv, environment, cwd, umask, pool,
-    session gid) and the prepared confinement of its spec, carried as one
-    from Supervisor._spawn to the zygote."""
+    """One child to start, carried as one from Supervisor._spawn to the zygote:
+    policy's plan and the prepared confinement of its spec."""
     plan: SpawnPlan
     confinement: landlock.Confinement
 
     @property
-    def pool(self) -> tuple[str, int | None] | None:
-        """(manifest, size; None: adaptive, see Demand): a pool of its children may serve this."""
+    def pool(self) -> tuple[str, int | None] | None:   # the pool that may serve it (Demand: size None)
         return self.plan.pool
 
     @property
-    def session_gid(self) -> bool:
-        """Each child gets a gid of its own (see Gids)."""
+    def session_gid(self) -> bool:   # each child gets a gid of its own (Gids)
         return self.plan.session_gid
 
     def request(self) -> bytes:
