@@ -36,15 +36,23 @@ def _parser() -> argparse.ArgumentParser:
         usage="%(prog)s [options] [--] COMMAND [ARG...]",
         description="Confine this process with Landlock, rlimits and no_new_privs, then exec COMMAND. "
                     "Paths may be directories or single files; lists are comma-separated; "
-                    "flags repeat. The target's environment is empty unless --env is given.",
+                    "flags repeat. The target's environment is empty unless --env is given. "
+                    "The path flags keep landrun's names, which are not a manifest's classes: "
+                    "--ro is read_only_noexec (a manifest's read_only also executes: that is --rox), "
+                    "--rw is read_write_noexec, --rwx is read_write. A missing path is an error here "
+                    "unless --lax-paths; a manifest does the opposite: it skips one unless strict_paths: true.",
         epilog="Exit codes: 2 bad invocation or spec (a missing path, no rule at all), "
                "3 Landlock or a required feature unavailable, 4 not single-threaded, "
                "126 exec failed, 127 command not found.")
     a = p.add_argument
-    a("--ro", action="append", default=[], metavar="PATHS", help="read only")
-    a("--rox", action="append", default=[], metavar="PATHS", help="read and execute")
-    a("--rw", action="append", default=[], metavar="PATHS", help="read and write")
-    a("--rwx", action="append", default=[], metavar="PATHS", help="read, write and execute")
+    a("--ro", action="append", default=[], metavar="PATHS",
+      help="read only, no execute (a manifest's read_only_noexec)")
+    a("--rox", action="append", default=[], metavar="PATHS",
+      help="read and execute (a manifest's read_only)")
+    a("--rw", action="append", default=[], metavar="PATHS",
+      help="read and write, no execute (a manifest's read_write_noexec)")
+    a("--rwx", action="append", default=[], metavar="PATHS",
+      help="read, write and execute (a manifest's read_write)")
     a("--unix", action="append", default=[], metavar="PATH",
       help="pathname Unix socket the command may connect to (enforced from ABI 9)")
     a("--bind-tcp", action="append", default=[], metavar="PORTS")
@@ -73,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
            "the command can adopt it and inject input into it (TIOCSCTTY, TIOCSTI)")
     a("--user", metavar="USER[:GROUP]", help="as root: run as this user (without it, as root with "
       "every capability dropped, which can still chmod root's files: see docs/security.md)")
-    a("--lax-paths", action="store_true", help="skip missing paths instead of failing")
+    a("--lax-paths", action="store_true",
+      help="skip missing paths instead of failing (what a manifest does unless strict_paths: true)")
     a("--max-abi", type=int, metavar="N", help="use at most Landlock ABI N (testing)")
     a("--report", action="store_true", help="print the Report as JSON to stderr before exec")
     a("--log-level", choices=["error", "info", "debug"],

@@ -32,10 +32,16 @@ _ROOT_HELP = ("load manifests that run as root (allow_root: true, or a user of u
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--manifests", action="append", required=True, metavar="PATH",
                        help="a manifest file or a directory of *.yaml (repeatable)")
-    serve.add_argument("--allow-uid", action="append", type=int, default=[], metavar="UID")
-    serve.add_argument("--allow-group", action="append", default=[], metavar="GROUP")
+    serve.add_argument("--allow-uid", action="append", type=int, default=[], metavar="UID",
+                       help="a uid, besides the supervisor's own, whose processes may connect and spawn "
+                            "(repeatable); with it or --allow-group, a socket serve binds is 0666 in a 0711 "
+                            "directory")
+    serve.add_argument("--allow-group", action="append", default=[], metavar="GROUP",
+                       help="a group (name or gid) whose members may connect and spawn: the peer's primary "
+                            "or a supplementary group (repeatable)")
     serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
-    serve.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    serve.add_argument("--grace", type=float, default=5.0,
+                       help="seconds between TERM and KILL (default %(default)g)")
     serve.add_argument("--allow-root-servers", action="store_true", help=_ROOT_HELP)
     serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
                        help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s), "

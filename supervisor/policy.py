@@ -1,22 +1,26 @@
-"""What a client may ask of a manifest: a spawn request -> a SpawnPlan, or Refused(code); pure, table-tested.
+"""What a client may ask of a manifest: a spawn request and its fds -> a SpawnPlan, or Refused(code); pure, table-tested.
 
 The checks run in the order a refusal's code depends on:
 
-    admit()       unknown fields, the manifest's name, stopping
-    (the caller)  3 fds, each usable as stdio: fstat and isatty are system calls (server.check_stdio)
-    plan_spawn()  child limits, args (relative ones against the client's cwd), env,
-                  narrowing (paths, ports, rlimits), then the plan:
-                  argv, environment, the pool (by Spec equality), a session gid or not
+    admit()        unknown fields, the manifest's name, stopping
+    check_stdio()  3 fds, each usable as stdio; a terminal only if the manifest takes one
+    plan_spawn()   child limits, args (relative ones against the client's cwd), env,
+                   narrowing (paths, ports, rlimits), then the plan:
+                   argv, environment, the pool (by Spec equality), a session gid or not
 
-Nothing here makes a system call but through `resolve` (realpath, passed
-in: which paths get resolved, and where a failure to resolve one is
-reported, depend on the checks around it, so the caller cannot resolve
-them first without repeating those checks).
+Nothing here makes a system call but through the functions passed in:
+plan_spawn's `resolve` (realpath: which paths get resolved, and where a
+failure to resolve one is reported, depend on the checks around it, so
+the caller cannot resolve them first without repeating those checks), and
+check_stdio's fstat, F_GETFL and isatty (isatty only where the answer
+matters).
 """
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import landlock
@@ -40,6 +44,7 @@ _STRONGER = {"read_only": ("read_only", "read_write"), "read_only_noexec": PATH_
              "read_write": ("read_write",), "read_write_noexec": ("read_write", "read_write_noexec"),
              "connect_unix": ("connect_unix",)}
 Resolve = Callable[[str], str]
+STDIO_NAMES = ("stdin", "stdout", "stderr")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class SpawnPlan:
-    """Everything a launch needs but the prepared confinement of `spec`."""
+    """Everything a launch needs but the prepared confinement of `spec`
+    (zygote.process.Launch pairs the two, from here to the zygote)."""
     manifest: Manifest
     program: str
     argv: list[str]
@@ -84,6 +90,33 @@ def named(name: object, manifests: Mapping[str, Manifest], withdrawn: Mapping[st
     if isinstance(name, str) and name in withdrawn:
         raise Refused(Code.NO_SUCH_MANIFEST, f"manifest {name!r} is not served: {withdrawn[name]}")
     raise Refused(Code.NO_SUCH_MANIFEST, unknown_name(name, manifests))
+
+
+def _status_flags(fd: int) -> int:
+    """The fd's file status flags (F_GETFL): check_stdio's default."""
+    return fcntl.fcntl(fd, fcntl.F_GETFL)
+
+
+def check_stdio(fds: Sequence[int], m: Manifest, fstat: Callable[[int], os.stat_result] = os.fstat,
+                flags_of: Callable[[int], int] = _status_flags,
+                isatty: Callable[[int], bool] = os.isatty) -> None:
+    """The request's fds: 3, each one a child can use as stdio."""
+    if len(fds) != 3:
+        raise Refused(Code.BAD_FDS, f"'spawn' takes exactly 3 fds (stdin, stdout, stderr), got {len(fds)}")
+    for name, fd in zip(STDIO_NAMES, fds):
+        try:
+            st = fstat(fd)
+            flags = flags_of(fd)
+        except OSError as e:
+            raise Refused(Code.BAD_FDS, f"{name}: unusable fd: {e.strerror}") from None
+        if flags & os.O_PATH or stat.S_ISDIR(st.st_mode):
+            raise Refused(Code.BAD_FDS, f"{name}: a directory or O_PATH fd is no stdio")
+        # The child leads a session without a terminal: it could make this one
+        # its controlling terminal (TIOCSCTTY) and type into it (TIOCSTI).
+        if stat.S_ISCHR(st.st_mode) and not m.terminal and isatty(fd):
+            raise Refused(Code.BAD_FDS, f"{name}: a terminal, and manifest {m.name!r} does not take one "
+                          "(terminal: true); pass pipes (`landlock-supervisor run` relays a "
+                          "terminal through pipes)")
 
 
 def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,

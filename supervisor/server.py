@@ -1,17 +1,15 @@
 """The fork-server: wires loop, connections, policy, confinements, zygote and children; the op -> handler table; reload and shutdown.
 
 One thread, one selectors loop, for its whole life. A spawn goes one way:
-connections -> handler -> policy.admit/plan_spawn -> confinements -> zygote
+connections -> handler -> policy.admit/check_stdio/plan_spawn -> confinements -> zygote
 (zygote.process.ZygoteProcess) -> children -> events back through connections.
 """
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import signal
 import socket
-import stat
 import time
 from dataclasses import dataclass, field
 
@@ -41,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["Config", "Limits", "Supervisor"]
 
 CAUGHT_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-STDIO_NAMES = ("stdin", "stdout", "stderr")
 POOL_IDLE = 300.0
 
 
@@ -313,20 +310,24 @@ class Supervisor:
         handler(conn, message, fds)
 
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
+        """docs/design.md's spawn, a line a step: policy, then the confinement, then the child."""
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
         m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
-        check_stdio(fds, m)
+        policy.check_stdio(fds, m)
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
-        launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
-                        self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
+        launch = Launch(plan, self.confinements.get(plan.spec))
         self.own.check()
         try:
             self.children.start(conn, m, launch, fds)
         finally:
-            if self.pool_timer is None and self.zygote.demand.last:
-                self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
+            self._watch_pools()
+
+    def _watch_pools(self) -> None:
+        """Once a spawn put an adaptive pool in demand: its idle check, if none is set."""
+        if self.pool_timer is None and self.zygote.demand.last:
+            self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
 
     def _pools_idle(self) -> None:
         """Drain the adaptive pools no longer in demand; again when the next may be."""
@@ -407,27 +408,6 @@ def _session_of(conn: Connection, op: str) -> Session:
     if conn.session is None:
         raise Refused(Code.NO_CHILD, f"{op!r} needs a spawned child on this connection")
     return conn.session
-
-
-def check_stdio(fds: list[int], m: Manifest) -> None:
-    """The request's fds: 3, each one a child can use as stdio (fstat, fcntl
-    and isatty are system calls: not policy's to make)."""
-    if len(fds) != 3:
-        raise Refused(Code.BAD_FDS, f"'spawn' takes exactly 3 fds (stdin, stdout, stderr), got {len(fds)}")
-    for name, fd in zip(STDIO_NAMES, fds):
-        try:
-            st = os.fstat(fd)
-            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        except OSError as e:
-            raise Refused(Code.BAD_FDS, f"{name}: unusable fd: {e.strerror}") from None
-        if flags & os.O_PATH or stat.S_ISDIR(st.st_mode):
-            raise Refused(Code.BAD_FDS, f"{name}: a directory or O_PATH fd is no stdio")
-        # The child leads a session without a terminal: it could make this one
-        # its controlling terminal (TIOCSCTTY) and type into it (TIOCSTI).
-        if stat.S_ISCHR(st.st_mode) and not m.terminal and os.isatty(fd):
-            raise Refused(Code.BAD_FDS, f"{name}: a terminal, and manifest {m.name!r} does not take one "
-                          "(terminal: true); pass pipes (`landlock-supervisor run` relays a "
-                          "terminal through pipes)")
 
 
 def _starting(served: dict[str, Manifest], withdrawn: dict[str, str]) -> None:

@@ -24,26 +24,32 @@ from . import boot, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
 from .pools import Demand, Gids, Pools, Waiting, proc_limits
 
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from ..policy import SpawnPlan
+
 assert (boot.REQUESTS_FD, boot.EVENTS_FD) == (messages.REQUESTS_FD, messages.EVENTS_FD)
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long
 
 
-@dataclass
+@dataclass(frozen=True)
 class Launch:
-    """One child to start: program, argv, environment, cwd, umask, confinement, pool, session gid."""
-    program: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    umask: int
+    """One child to start, carried as one from Supervisor._spawn to the zygote:
+    policy's plan and the prepared confinement of its spec."""
+    plan: SpawnPlan
     confinement: landlock.Confinement
-    pool: tuple[str, int | None] | None = None   # (manifest, size; None: adaptive, see Demand): a pool of
-                                                 # its children may serve this
-    session_gid: bool = False             # each child gets a gid of its own (see Gids)
+
+    @property
+    def pool(self) -> tuple[str, int | None] | None:   # the pool that may serve it (Demand: size None)
+        return self.plan.pool
+
+    @property
+    def session_gid(self) -> bool:   # each child gets a gid of its own (Gids)
+        return self.plan.session_gid
 
     def request(self) -> bytes:
         """What the child reads after the fork: argv and env never enter the zygote."""
-        return messages.encode(Request(self.argv, self.env))
+        return messages.encode(Request(self.plan.argv, self.plan.env))
 
     def ruleset_fds(self) -> list[int]:
         return [self.confinement.ruleset.fd] if self.confinement.ruleset.fd >= 0 else []
@@ -121,7 +127,8 @@ class ZygoteProcess:
             view = memoryview(request)
             while view:
                 view = view[os.write(memfd, view):]
-            message = Spawn(launch.program, launch.cwd, launch.umask, launch.confinement.entry, gid, len(request))
+            plan = launch.plan
+            message = Spawn(plan.program, plan.cwd, plan.umask, launch.confinement.entry, gid, len(request))
             retried = False
             while True:
                 errpipe, err_w = _error_pipe()   # a new one each time: the first zygote may have forked
@@ -210,7 +217,8 @@ class ZygoteProcess:
         try:
             if self.requests is None:
                 self.start()
-            self._send(Pool(launch.program, launch.cwd, launch.umask, launch.confinement.entry,
+            plan = launch.plan
+            self._send(Pool(plan.program, plan.cwd, plan.umask, launch.confinement.entry,
                             name, generation, tuple(gids)), launch.ruleset_fds())
         except (OSError, EOFError, ValueError):
             self.close()  # gives the outstanding gids back

@@ -81,6 +81,32 @@ def test_connect_tcp_flag(tcp_listener):
 
 # --- exit codes -----------------------------------------------------------------
 
+@pytest.mark.parametrize("flag", ["--ro", "--rox", "--rw", "--rwx"])
+def test_help_names_the_manifest_class_of_each_path_flag(flag):
+    """The flags keep landrun's names, and --ro is not a manifest's
+    read_only (which executes): each flag's help names the class it really
+    fills."""
+    from landlock.cli import _parser, spec_from_args
+    parser = _parser()
+    spec = spec_from_args(parser.parse_args([flag, "/usr", "true"]))
+    (cls,) = [c for c in ("read_only", "read_only_noexec", "read_write", "read_write_noexec") if getattr(spec, c)]
+    help_ = next(a.help for a in parser._actions if flag in a.option_strings)
+    assert help_ is not None and help_.endswith(f"(a manifest's {cls})"), help_
+
+
+def test_help_says_missing_paths_fail_here_not_in_a_manifest():
+    """landlock-exec fails on a missing path unless --lax-paths; a manifest
+    skips one unless strict_paths: true. The reversal is said."""
+    from landlock.cli import _parser, spec_from_args
+    parser = _parser()
+    assert spec_from_args(parser.parse_args([*USR, "true"])).strict_paths
+    assert not spec_from_args(parser.parse_args([*USR, "--lax-paths", "true"])).strict_paths
+    text = " ".join(parser.format_help().split())
+    assert "A missing path is an error here unless --lax-paths; a manifest does the opposite" in text
+    assert "--lax-paths skip missing paths instead of failing (what a manifest does unless strict_paths: true)" \
+        in text
+
+
 @pytest.mark.parametrize("args", [
     [],
     ["--rox", "/usr"],

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -350,8 +351,8 @@ def test_no_fd_for_the_error_pipe_forks_nothing(monkeypatch):
     def no_fds(flags):
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
     monkeypatch.setattr(process.os, "pipe2", no_fds)
-    launch = process.Launch("/bin/true", ["/bin/true"], {}, "/", 0o77,
-                            type("C", (), {"ruleset": type("R", (), {"fd": -1})(), "entry": ()})())
+    plan = types.SimpleNamespace(program="/bin/true", argv=["/bin/true"], env={}, cwd="/", umask=0o77)
+    launch = process.Launch(plan, types.SimpleNamespace(ruleset=types.SimpleNamespace(fd=-1), entry=()))
     with pytest.raises(OSError) as e:
         z.spawn(launch, [0, 1, 2], None)
     assert e.value.errno == errno.EMFILE and not sent and z.requests is channel

@@ -1,10 +1,15 @@
-"""Spawn policy as a table: (manifest, request, peer, counts, limits) -> plan or refusal code.
+"""Spawn policy as tables: (manifest, request, peer, counts, limits) -> plan or refusal code; (fds, manifest) -> the
+stdio check's refusal or none.
 
 No process, no supervisor, no filesystem: paths are resolved through a
-table of links (RESOLVE) instead of realpath.
+table of links (RESOLVE) instead of realpath, and the stdio check's
+fstat, F_GETFL and isatty answered from a table of kinds of file (KINDS).
 """
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import replace
 from typing import Any
 
@@ -177,6 +182,71 @@ def test_policy(manifest, request_, counts, stopping, expected):
     # What a narrowing leaves alone, and what it can never change.
     assert plan.spec.untrusted_trees == SPEC.untrusted_trees and plan.spec.user == SPEC.user
     assert plan.program == "/usr/bin/app" and plan.umask == 0o77 and plan.manifest is manifest
+
+
+# check_stdio's system calls as they answer for a kind of file: (st_mode, F_GETFL flags, isatty), or the
+# OSError of an fd that is not open.
+KINDS: dict[str, tuple[int, int, bool] | OSError] = {
+    "pipe": (stat.S_IFIFO | 0o600, os.O_RDONLY, False),
+    "socket": (stat.S_IFSOCK | 0o777, os.O_RDWR, False),
+    "file": (stat.S_IFREG | 0o644, os.O_WRONLY | os.O_APPEND, False),
+    "null": (stat.S_IFCHR | 0o666, os.O_RDWR, False),   # /dev/null: a character device, no terminal
+    "tty": (stat.S_IFCHR | 0o620, os.O_RDWR, True),
+    "dir": (stat.S_IFDIR | 0o755, os.O_RDONLY | os.O_DIRECTORY, False),
+    "O_PATH": (stat.S_IFREG | 0o644, os.O_PATH, False),
+    "closed": OSError(errno.EBADF, os.strerror(errno.EBADF)),
+}
+TERMINAL = replace(MANIFEST, terminal=True)
+TTY_REFUSED = ("a terminal, and manifest 'app' does not take one (terminal: true); pass pipes "
+               "(`landlock-supervisor run` relays a terminal through pipes)")
+
+# (id, the fds' kinds, manifest, expected: None (usable), or the refusal's message (its code: bad_fds))
+STDIO_TABLE: list[tuple[str, tuple[str, ...], Manifest, str | None]] = [
+    ("pipes", ("pipe", "pipe", "pipe"), MANIFEST, None),
+    ("a file, a socket", ("null", "file", "socket"), MANIFEST, None),
+    # how many: 3, before any is looked at
+    ("none", (), MANIFEST, "'spawn' takes exactly 3 fds (stdin, stdout, stderr), got 0"),
+    ("two", ("pipe", "pipe"), MANIFEST, "'spawn' takes exactly 3 fds (stdin, stdout, stderr), got 2"),
+    ("four", ("pipe",) * 4, MANIFEST, "'spawn' takes exactly 3 fds (stdin, stdout, stderr), got 4"),
+    ("the count first", ("closed", "tty"), MANIFEST, "'spawn' takes exactly 3 fds (stdin, stdout, stderr), got 2"),
+    # each usable, named by its place; the first unusable one is named
+    ("not open", ("pipe", "closed", "pipe"), MANIFEST, "stdout: unusable fd: Bad file descriptor"),
+    ("a directory", ("dir", "pipe", "pipe"), MANIFEST, "stdin: a directory or O_PATH fd is no stdio"),
+    ("an O_PATH fd", ("pipe", "pipe", "O_PATH"), MANIFEST, "stderr: a directory or O_PATH fd is no stdio"),
+    ("the first named", ("pipe", "dir", "closed"), MANIFEST, "stdout: a directory or O_PATH fd is no stdio"),
+    # a terminal only for a manifest that takes one (terminal: true); a character device that is none
+    # (/dev/null) always
+    ("a terminal", ("pipe", "pipe", "tty"), MANIFEST, "stderr: " + TTY_REFUSED),
+    ("a terminal, taken", ("tty", "tty", "tty"), TERMINAL, None),
+    ("a terminal taken is still checked", ("tty", "dir", "tty"), TERMINAL,
+     "stdout: a directory or O_PATH fd is no stdio"),
+]
+
+
+@pytest.mark.parametrize("kinds, manifest, expected", [row[1:] for row in STDIO_TABLE],
+                         ids=[row[0] for row in STDIO_TABLE])
+def test_check_stdio(kinds, manifest, expected):
+    def answer(fd: int) -> tuple[int, int, bool]:
+        kind = KINDS[kinds[fd]]
+        if isinstance(kind, OSError):
+            raise kind
+        return kind
+    asked_tty = []
+
+    def isatty(fd: int) -> bool:
+        asked_tty.append(fd)
+        return answer(fd)[2]
+    fstat = lambda fd: os.stat_result((answer(fd)[0],) + (0,) * 9)  # noqa: E731
+    flags_of = lambda fd: answer(fd)[1]  # noqa: E731
+    fds = list(range(len(kinds)))
+    if expected is None:
+        policy.check_stdio(fds, manifest, fstat, flags_of, isatty)
+    else:
+        with pytest.raises(Refused) as e:
+            policy.check_stdio(fds, manifest, fstat, flags_of, isatty)
+        assert (e.value.code, str(e.value)) == (Code.BAD_FDS, expected)
+    # isatty only where its answer matters: a character device, for a manifest that takes no terminal.
+    assert all(kinds[fd] in ("null", "tty") for fd in asked_tty) and not (manifest.terminal and asked_tty)
 
 
 def test_messages_name_the_field():
