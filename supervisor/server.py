@@ -15,7 +15,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state
+from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, protocol, refusal, state, warm
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
@@ -115,6 +115,8 @@ class Supervisor:
         records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
         self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
                                  records, tick)
+        self.warm = warm.WarmServers(self.loop, self.children, self.limits, self._warm_launch,
+                                     lambda: self.zygote.pid)
         self.handlers: dict[str, Handler] = {
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
             "describe": self._describe, "status": self._status, "signal": self._signal,
@@ -206,6 +208,7 @@ class Supervisor:
             self.visibility.close()
             where = f"{e.filename}: " if e.filename else ""
             raise SystemExit(f"landlock-supervisor: not starting: {where}{e.strerror or e}") from None
+        self._keep_warm()
         self.loop.run(lambda: self.stopping and not self.children.sessions)
         self._finish()
         return 0
@@ -258,12 +261,14 @@ class Supervisor:
         self._protect()
         self.zygote.drain()
         self.confinements.clear()
+        self._keep_warm()
         log(f"reloaded {len(new)} manifest(s)" + (f", {len(withdrawn)} not served" if withdrawn else ""))
 
     def shutdown(self, reason: str) -> None:
         if self.stopping:
             return
         self.stopping = True
+        self.warm.stop()
         self.zygote.close()  # the pooled children exit with it
         self.connections.stop_listening()
         self._remove_socket_path()
@@ -312,18 +317,48 @@ class Supervisor:
             raise Refused(Code.BAD_OP, f"unknown operation {op!r}")
         handler(conn, message, fds)
 
+    def _keep_warm(self) -> None:
+        """Warm servers only where each has a session gid of its own (a root
+        supervisor that serves: not a private one, which says so)."""
+        if self.gids is not None:
+            self.warm.serve(self.manifests)
+            return
+        for m in self.manifests.values():
+            if m.warm:
+                log(f"{m.source}: warning: warm: {m.warm} not kept: this supervisor gives no session gids "
+                    "(a private one): every spawn is fresh")
+
+    def _warm_launch(self, m: Manifest) -> Launch:
+        """A warm server's launch: the manifest's own process, nobody's request."""
+        plan = policy.plan(m, {}, self.limits, os.environ)
+        return Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask, self.confinements.get(plan.spec),
+                      session_gid=plan.session_gid)
+
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
         m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
-        check_stdio(fds, m)
+        pipes = policy.stdio_pipes(request)
+        if not pipes:
+            check_stdio(fds, m)
+        elif fds:
+            raise Refused(Code.BAD_FDS, f"'spawn' with stdio \"pipes\" takes no fds, got {len(fds)}")
         counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
         launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
                         self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
         self.own.check()
+        why = warm.unfit(m, request, pipes)
+        if why is None:
+            server, why = self.warm.take(m, launch)
+            if server is not None:
+                self.children.hand_over(conn, server.session, server.pipes)
+                return
+        client = None
+        if pipes:
+            fds, client = warm.pipes()
         try:
-            self.children.start(conn, m, launch, fds)
+            self.children.start(conn, m, launch, fds, client, {"warm": False, "why": why})
         finally:
             if self.pool_timer is None and self.zygote.demand.last:
                 self.pool_timer = self.loop.at(self.zygote.demand.idle, self._pools_idle)
@@ -341,13 +376,14 @@ class Supervisor:
         everyone = conn.peer.uid == os.geteuid()
         self.connections.send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
             {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
-             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None}
+             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held}
             for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]})
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, {"event": "stats", **self.stats, "children": len(self.children),
                                      "zygote": self.zygote.pid,
                                      "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
+                                     "warm": self.warm.pids(),
                                      "connections": len(self.connections), "fds": procfs.fd_count(),
                                      "rss_kib": procfs.rss_kib()})
 

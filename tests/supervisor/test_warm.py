@@ -1,0 +1,213 @@
+"""Warm servers (`warm: N`): a manifest's own process started ahead on
+pipes only the supervisor holds, handed whole to one client that asks for
+pipes and nothing of its own. Each "never" of issue 28 that this merge
+implements has its test here; the pure parts are in tests/unit/test_warm.py."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from svhelpers import read_all, read_line, run, wait_until
+
+pytestmark = pytest.mark.enforcement
+
+# Says what it is once its client speaks: nothing before (a warm server has
+# been sent nothing, and writes nothing to stdout).
+REPORT = r"""
+echo banner >&2
+read line
+echo "got $line"
+grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|SigIgn|SigBlk|Cpus_allowed_list)' /proc/$$/status
+echo "Gid $(grep '^Gid' /proc/$$/status | cut -f2- | tr '\t' ' ')"
+echo "Groups $(grep '^Groups' /proc/$$/status | cut -f2-)"
+set -- $(cut -d')' -f2 /proc/$$/stat)
+[ "$3" = $$ ] && echo "leads its process group"
+[ "$4" = $$ ] && echo "leads its session"
+echo "nice ${17} policy ${39}"
+echo fds /proc/$$/fd/*
+for fd in 0 1 2; do echo "$fd $(readlink /proc/$$/fd/$fd | cut -c1-5)"; done
+env | sort
+pwd
+ulimit -a
+echo END
+cat
+"""
+
+
+@pytest.fixture
+def warm(lab):
+    lab.manifest("wsh", command="/bin/sh", args=["-c", REPORT], warm=1, user=65534,
+                 sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "read_only_noexec": ["/proc"],
+                          "rlimits": {"NOFILE": 77}})
+    lab.stock()
+    sv = lab.start()
+    assert wait_until(lambda: _warm(sv, "wsh"), 10), sv.log()
+    return sv
+
+
+def _warm(sv, name: str) -> list[int]:
+    return sv.client.stats()["warm"].get(name, [])
+
+
+def _session(sv, name: str = "wsh", **kwargs):
+    """A session on pipes: its child, what it said, its stderr so far."""
+    child = sv.client.spawn(name, stdio="pipes", **kwargs)
+    child.stdin.write(b"hi\n")
+    out = b""
+    while not out.endswith(b"END\n"):
+        out += read_line(child.stdout.fileno())
+    return child, out.decode()
+
+
+def _normal(report: str, child) -> list[str]:
+    """What differs between any two sessions by design: the session gid."""
+    lines = [line.replace(f"/{child.pid}/", "/PID/") for line in report.splitlines() if not line.startswith("Gid ")]
+    gids = next(line for line in report.splitlines() if line.startswith("Gid ")).split()[1:]
+    assert len(set(gids)) == 1 and 60000 < int(gids[0]), gids   # one session gid, all four
+    return [line.replace(gids[0], "SESSIONGID") for line in lines]
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_and_a_fresh_session_match(warm):
+    sv = warm
+    ready = _warm(sv, "wsh")
+    w, warm_report = _session(sv)
+    assert w.warm and w.pid in ready, (w.pid, ready, w.not_warm, sv.log())
+    # cwd means a fresh spawn: the same process otherwise.
+    f, fresh_report = _session(sv, cwd="/")
+    assert not f.warm and f.not_warm == "the request has a client cwd" and f.pid not in ready
+    assert _normal(warm_report, w) == _normal(fresh_report, f)
+    assert "leads its session" in warm_report and "Uid:\t65534\t65534\t65534\t65534" in warm_report
+    assert "NoNewPrivs:\t1" in warm_report and "\nnofiles              77\n" in warm_report
+    # No fd but its pipes (and the directory the shell's glob reads: 3).
+    assert (f"fds /proc/{w.pid}/fd/0 /proc/{w.pid}/fd/1 /proc/{w.pid}/fd/2 /proc/{w.pid}/fd/3\n"
+            "0 pipe:\n1 pipe:\n2 pipe:\n") in warm_report
+    wr, fr = dict(w._report), dict(f._report)
+    assert wr.pop("tid") == w.pid and fr.pop("tid") == f.pid
+    assert wr == fr and w.report.enforced
+    # Its stderr banner, written before the hand-over, is the client's.
+    for child in (w, f):
+        assert read_line(child.stderr.fileno()) == b"banner\n"
+        child.stdin.close()
+        assert child.wait(10) == 0
+        child.close()
+
+
+def _pipe_holders(inodes: set[str]) -> dict[str, set[int]]:
+    """Every process on the host holding one of these pipe inodes."""
+    holders: dict[str, set[int]] = {i: set() for i in inodes}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target in holders:
+                holders[target].add(int(pid))
+    return holders
+
+
+@pytest.mark.timeout(60)
+def test_only_the_supervisor_holds_a_warm_servers_pipes_then_only_the_client(warm):
+    sv = warm
+    [server] = _warm(sv, "wsh")
+    inodes = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)}
+    assert all(i.startswith("pipe:") for i in inodes) and len(inodes) == 3, inodes
+    # Before: the server and the supervisor, nobody else (not the zygote,
+    # not a pooled child or a later warm server).
+    for inode, pids in _pipe_holders(inodes).items():
+        assert pids == {server, sv.pid}, (inode, pids, sv.client.stats()["zygote"])
+    child = sv.client.spawn("wsh", stdio="pipes")
+    assert child.pid == server and child.warm
+    # After: the server and this client; the supervisor kept none.
+    for inode, pids in _pipe_holders(inodes).items():
+        assert pids == {server, os.getpid()}, (inode, pids)
+    child.stdin.close()   # EOF reaches it: nobody else holds the write end
+    assert read_all(os.dup(child.stdout.fileno()), timeout=10)[0].startswith(b"got \n")
+    assert child.wait(10) == 0
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_two_sessions_never_get_one_warm_server(warm):
+    sv = warm
+    seen = []
+    children = [sv.client.spawn("wsh", stdio="pipes") for _ in range(3)]
+    for child in children:
+        seen.append(child.pid)
+    assert len(set(seen)) == 3 and children[0].warm, seen
+    # The others were fresh (none ready yet) or the replacement: never the first again.
+    for child in children:
+        child.kill()
+        child.close()
+    assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wsh")[0] not in seen, 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_reload_retires_every_warm_server(warm):
+    sv = warm
+    [old] = _warm(sv, "wsh")
+    sv.signal(signal.SIGHUP)
+    assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wsh") != [old], 10), sv.log()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{old}") or _state(old) == "Z", 10)
+    child = sv.client.spawn("wsh", stdio="pipes")
+    assert child.warm and child.pid != old
+    assert "retired: the manifests were reloaded" in sv.log()
+    child.kill()
+    child.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.timeout(60)
+def test_a_client_request_of_its_own_is_never_warm(warm):
+    sv = warm
+    [server] = _warm(sv, "wsh")
+    r = run(sv.client, "wsh", stdin=b"x\n")   # its own stdio
+    assert r.child.pid != server and not r.child.warm
+    assert r.child.not_warm == "the client passed its own stdio"
+    assert _warm(sv, "wsh") == [server]
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_writes_to_stdout_before_its_hand_over_is_discarded(lab):
+    lab.manifest("chatty", command="/bin/sh", args=["-c", "echo hello; exec cat"], warm=1, user=65534,
+                 sandbox={"profiles": ["system"]})
+    sv = lab.start()
+    assert wait_until(lambda: "chatty: warm server" in sv.log(), 10), sv.log()
+    time.sleep(2)
+    log = sv.log()
+    assert "discarded: it wrote to its stdout (or closed it) before hand-over" in log, log
+    # Backed off: a server that always does it is not restarted in a loop.
+    assert log.count("discarded: it wrote to its stdout") <= 3, log
+    child = sv.client.spawn("chatty", stdio="pipes")
+    assert not child.warm and child.not_warm == "no warm server is ready"
+    assert read_line(child.stdout.fileno()) == b"hello\n"   # a fresh one's own first line
+    child.kill()
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reniced_warm_server_is_discarded_at_hand_over(warm):
+    sv = warm
+    [server] = _warm(sv, "wsh")
+    os.setpriority(os.PRIO_PROCESS, server, 10)   # as another process of its uid could
+    child = sv.client.spawn("wsh", stdio="pipes")
+    assert child.pid != server and not child.warm, child.pid
+    assert "discarded: its scheduling is" in sv.log()
+    assert wait_until(lambda: _state(server) in ("gone", "Z"), 10)
+    child.kill()
+    child.close()
