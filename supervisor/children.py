@@ -210,7 +210,9 @@ class Children:
             return
         if session.held:
             self.on_held(session)   # exec'd: `spawned` goes out at its hand-over
-            if session.kill_reason is not None:
+            if session.exited is not None:
+                self._forget(session)   # reaped already, nobody to tell
+            elif session.kill_reason is not None:
                 self.terminate(session, session.kill_reason)   # discarded before it exec'd
             return
         self._spawned(session)

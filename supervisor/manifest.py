@@ -32,10 +32,11 @@ PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexe
 PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
 MAX_POOL = 8
 MAX_WARM = 8
+WARM_MAX_AGE = 600   # seconds a warm server waits, unused, before it is replaced
 AUTO_POOL = "auto"   # the default: a pool kept while the manifest is in demand (zygote.pools.Demand)
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
              "user", "group", "groups", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
-             "terminal", "warm"}
+             "terminal", "warm", "warm_max_age"}
 _SANDBOX_KEYS = {*PATH_CLASSES, "profiles", "network", "rlimits", "require", "best_effort",
                  "scopes", "strict_paths", "log", "max_abi"}
 _NETWORK_KEYS = {*PORT_KEYS, "unrestricted"}
@@ -61,6 +62,7 @@ class Manifest:
     pool: int | str = AUTO_POOL      # children kept forked and confined, ready for a request; "auto": adaptive
     terminal: bool = False           # a client may pass a terminal as stdio (it can then inject input)
     warm: int = 0                    # servers started ahead, each handed whole to one client (supervisor/warm.py)
+    warm_max_age: int = WARM_MAX_AGE  # seconds one waits unused before it is replaced
     warnings: tuple[str, ...] = field(default=())
     area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
     dynamic: bool = False            # `user: dynamic`
@@ -153,6 +155,9 @@ class _Loader:
         pool, terminal, on_disconnect = self._serving()
         user, group, allow_root, dynamic = self._identity(name)
         warm = self._warm(terminal, group)
+        warm_max_age = self.top.get("warm_max_age", int, WARM_MAX_AGE)
+        if not 1 <= warm_max_age <= 86400:
+            self.top.fail("warm_max_age", f"expected 1 to 86400 seconds, got {warm_max_age}")
         groups = self._groups(user, allow_root)
         fragment, spec, creds = self._sandbox(command, manifest_env, inherit_env, state_dir, area, user, group,
                                               groups)
@@ -165,6 +170,7 @@ class _Loader:
                         client_env=frozenset(client_env), client_args=top.get("client_args", bool, False),
                         umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
                         allow_root=allow_root, pool=pool, terminal=terminal, warm=warm,
+                        warm_max_age=warm_max_age,
                         warnings=self._warnings(fragment, spec, user, command, self.state_root), area=area,
                         dynamic=dynamic,
                         uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),

@@ -44,7 +44,6 @@ TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy tak
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_AGE = 600.0          # seconds a warm server waits before it is replaced unused
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 300.0
 STABLE = 10.0            # a server that waited this long was no failure, whatever ended it
 _SCHED_RESET_ON_FORK = 0x40000000
@@ -167,6 +166,7 @@ class Warm:
     pipes: list[int]
     started: float
     ready: bool = False
+    gone: bool = False        # handed over or discarded: none of its callbacks may act again
     timer: Timer | None = None
     limits: dict[int, tuple[int, int]] = field(default_factory=dict)
     scheduling: Scheduling | None = None
@@ -177,9 +177,9 @@ class WarmServers:
     loop: started at serve and after each use, retired at reload."""
 
     def __init__(self, loop: Loop, children: Children, limits: Limits, launch_of: Callable[[Manifest], Launch],
-                 zygote_pid: Callable[[], int | None], max_age: float = MAX_AGE) -> None:
+                 zygote_pid: Callable[[], int | None]) -> None:
         self.loop, self.children, self.limits, self.launch_of = loop, children, limits, launch_of
-        self.zygote_pid, self.max_age = zygote_pid, max_age
+        self.zygote_pid = zygote_pid
         self.manifests: dict[str, Manifest] = {}
         self.servers: dict[str, list[Warm]] = {}
         self.failures: dict[str, int] = {}
@@ -266,8 +266,8 @@ class WarmServers:
         self.servers.setdefault(m.name, []).append(warm)
         self.loop.watch(ours[1], lambda: self._discard(warm, "it wrote to its stdout (or closed it) before "
                                                              "hand-over"))
-        warm.timer = self.loop.at(self.max_age, lambda: self._discard(warm, "it was not used within "
-                                                                            f"{self.max_age:g} s", failed=False))
+        warm.timer = self.loop.at(m.warm_max_age, lambda: self._discard(
+            warm, f"it was not used within warm_max_age ({m.warm_max_age} s)", failed=False))
         try:
             warm.scheduling, warm.limits = self._as_forked(launch)   # the zygote runs now
         except OSError as e:
@@ -299,6 +299,8 @@ class WarmServers:
 
     def _discard(self, warm: Warm, why: str, failed: bool = True) -> None:
         """Never handed out: logged, ended, replaced (after a backoff if it failed)."""
+        if warm.gone:
+            return   # (its stdout's callback may come in the turn that discarded it)
         name = warm.session.manifest.name
         log(f"{name}: warm server {warm.session.pid} discarded: {why}")
         self._forget(warm)
@@ -315,6 +317,7 @@ class WarmServers:
 
     def _forget(self, warm: Warm) -> None:
         """No longer one of ours (handed over, or discarded)."""
+        warm.gone = True
         servers = self.servers.get(warm.session.manifest.name, [])
         if warm in servers:
             servers.remove(warm)

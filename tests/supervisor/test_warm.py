@@ -10,17 +10,21 @@ import time
 
 import pytest
 
+from supervisor.client import SupervisorError
+from supervisor.errors import Code
 from svhelpers import read_all, read_line, run, wait_until
 
 pytestmark = pytest.mark.enforcement
 
 # Says what it is once its client speaks: nothing before (a warm server has
-# been sent nothing, and writes nothing to stdout).
+# been sent nothing, and writes nothing to stdout). The signal masks are
+# grep's, as the shell passes them on: the shell's own is all blocked for a
+# moment at each vfork.
 REPORT = r"""
 echo banner >&2
 read line
 echo "got $line"
-grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|SigIgn|SigBlk|Cpus_allowed_list)' /proc/$$/status
+grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|SigIgn|SigBlk|Cpus_allowed_list)' /proc/self/status
 echo "Gid $(grep '^Gid' /proc/$$/status | cut -f2- | tr '\t' ' ')"
 echo "Groups $(grep '^Groups' /proc/$$/status | cut -f2-)"
 set -- $(cut -d')' -f2 /proc/$$/stat)
@@ -42,9 +46,11 @@ def warm(lab):
     lab.manifest("wsh", command="/bin/sh", args=["-c", REPORT], warm=1, user=65534,
                  sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "read_only_noexec": ["/proc"],
                           "rlimits": {"NOFILE": 77}})
+    # cat: no redirection of its own (the shell's `>&2` dups fd 2 onto 1 for a moment).
+    lab.manifest("wcat", command="/bin/cat", warm=1, user=65534, sandbox={"profiles": ["system"]})
     lab.stock()
     sv = lab.start()
-    assert wait_until(lambda: _warm(sv, "wsh"), 10), sv.log()
+    assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wcat"), 10), sv.log()
     return sv
 
 
@@ -117,20 +123,22 @@ def _pipe_holders(inodes: set[str]) -> dict[str, set[int]]:
 @pytest.mark.timeout(60)
 def test_only_the_supervisor_holds_a_warm_servers_pipes_then_only_the_client(warm):
     sv = warm
-    [server] = _warm(sv, "wsh")
+    [server] = _warm(sv, "wcat")
     inodes = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)}
     assert all(i.startswith("pipe:") for i in inodes) and len(inodes) == 3, inodes
     # Before: the server and the supervisor, nobody else (not the zygote,
     # not a pooled child or a later warm server).
     for inode, pids in _pipe_holders(inodes).items():
         assert pids == {server, sv.pid}, (inode, pids, sv.client.stats()["zygote"])
-    child = sv.client.spawn("wsh", stdio="pipes")
+    child = sv.client.spawn("wcat", stdio="pipes")
     assert child.pid == server and child.warm
-    # After: the server and this client; the supervisor kept none.
-    for inode, pids in _pipe_holders(inodes).items():
-        assert pids == {server, os.getpid()}, (inode, pids)
+    # After: the server and this client; the supervisor kept none (it
+    # closes its ends once `spawned` went: a moment after it came here).
+    holders = lambda: set(map(frozenset, _pipe_holders(inodes).values()))  # noqa: E731
+    assert wait_until(lambda: holders() == {frozenset({server, os.getpid()})}, 5), holders()
+    child.stdin.write(b"hello\n")
     child.stdin.close()   # EOF reaches it: nobody else holds the write end
-    assert read_all(os.dup(child.stdout.fileno()), timeout=10)[0].startswith(b"got \n")
+    assert read_all(os.dup(child.stdout.fileno()), timeout=10)[0] == b"hello\n"
     assert child.wait(10) == 0
     child.close()
 
@@ -211,3 +219,44 @@ def test_a_reniced_warm_server_is_discarded_at_hand_over(warm):
     assert wait_until(lambda: _state(server) in ("gone", "Z"), 10)
     child.kill()
     child.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_exits_before_its_hand_over_is_discarded_and_backed_off(lab):
+    lab.manifest("dies", command="/bin/false", warm=2, user=65534, sandbox={"profiles": ["system"]})
+    sv = lab.start()
+    assert wait_until(lambda: "dies: warm server" in sv.log(), 10), sv.log()
+    time.sleep(2.5)
+    log = sv.log()
+    assert "discarded: it exited before hand-over" in log or "discarded: it wrote to its stdout" in log, log
+    # Two at first, then one try after 1 s, 2 s...: never a spin.
+    assert log.count("dies: warm server") <= 5, log
+    child = sv.client.spawn("dies", stdio="pipes")
+    assert not child.warm and child.wait(10) == 1
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_unused_warm_server_is_replaced_after_warm_max_age(lab):
+    lab.manifest("aging", command="/bin/cat", warm=1, warm_max_age=1, user=65534, sandbox={"profiles": ["system"]})
+    sv = lab.start()
+    assert wait_until(lambda: _warm(sv, "aging"), 10), sv.log()
+    [first] = _warm(sv, "aging")
+    assert wait_until(lambda: _warm(sv, "aging") and _warm(sv, "aging") != [first], 10), sv.log()
+    assert "discarded: it was not used within warm_max_age (1 s)" in sv.log()
+    assert wait_until(lambda: _state(first) in ("gone", "Z"), 10)
+
+
+@pytest.mark.timeout(60)
+def test_the_per_uid_limit_is_charged_at_hand_over(lab):
+    lab.manifest("wcat", command="/bin/cat", warm=2, user=65534, sandbox={"profiles": ["system"]})
+    sv = lab.start(extra=["--max-children-per-uid", "1"])
+    assert wait_until(lambda: len(_warm(sv, "wcat")) == 2, 10), sv.log()   # warm servers are nobody's yet
+    first = sv.client.spawn("wcat", stdio="pipes")
+    assert first.warm
+    with pytest.raises(SupervisorError) as e:
+        sv.client.spawn("wcat", stdio="pipes")   # a warm one is ready: refused all the same
+    assert e.value.code == Code.TOO_MANY_CHILDREN
+    assert len(_warm(sv, "wcat")) >= 1
+    first.kill()
+    first.close()

@@ -100,3 +100,10 @@ def test_parse_limits() -> None:
     assert sorted(limits) == list(range(16))
     for res, value in limits.items():
         assert value == resource.getrlimit(res), res
+
+
+def test_warm_max_age(tmp_path: Path) -> None:
+    assert _load(tmp_path, "user: dynamic\nwarm: 1\n").warm_max_age == 600
+    assert _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 5\n").warm_max_age == 5
+    with pytest.raises(ManifestError, match="warm_max_age: expected 1 to 86400 seconds"):
+        _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 0\n")
