@@ -4,12 +4,14 @@ pipes and nothing of its own. Each "never" of issue 28 that this merge
 implements has its test here; the pure parts are in tests/unit/test_warm.py."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
 import pytest
 
+from supervisor.aio import AsyncClient
 from supervisor.client import SupervisorError
 from supervisor.errors import Code
 from svhelpers import read_all, read_line, run, wait_until
@@ -260,3 +262,49 @@ def test_the_per_uid_limit_is_charged_at_hand_over(lab):
     assert len(_warm(sv, "wcat")) >= 1
     first.kill()
     first.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_server_whose_limits_were_lowered_is_discarded_at_hand_over(lab):
+    """Lowered by itself here: prlimit(2) from outside needs CAP_SYS_RESOURCE,
+    which this host's root may lack; the check at hand-over is the same."""
+    lab.manifest("wlow", command="/bin/sh", args=["-c", "ulimit -Sn 50; exec cat"], warm=1, user=65534,
+                 sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "rlimits": {"NOFILE": 77}})
+    sv = lab.start()
+    assert wait_until(lambda: _warm(sv, "wlow"), 10), sv.log()
+    [server] = _warm(sv, "wlow")
+    child = sv.client.spawn("wlow", stdio="pipes")
+    assert child.pid != server and not child.warm
+    assert f"warm server {server} discarded: its soft limit 7 is 50, below 77" in sv.log()
+    child.kill()
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_warm_server_is_discarded_at_hand_over(warm):
+    sv = warm
+    [server] = _warm(sv, "wcat")
+    os.kill(server, signal.SIGSTOP)
+    assert wait_until(lambda: _state(server) == "T", 5)
+    child = sv.client.spawn("wcat", stdio="pipes")
+    assert child.pid != server and not child.warm
+    assert f"warm server {server} discarded: it is in state T" in sv.log()
+    assert wait_until(lambda: _state(server) in ("gone", "Z"), 10)   # TERM, then KILL after the grace
+    child.kill()
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_asyncio_client_takes_a_warm_server(warm):
+    sv = warm
+
+    async def session() -> tuple[bool, int, bytes]:
+        client = AsyncClient(str(sv.socket_path))
+        child = await client.spawn("wcat", stdio="pipes")
+        async with child:
+            child.stdin.write(b"ping\n")
+            child.stdin.close()
+            out = read_all(os.dup(child.stdout.fileno()))[0]
+            return child.warm, await child.wait(), out
+
+    assert asyncio.run(session()) == (True, 0, b"ping\n")
