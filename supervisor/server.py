@@ -15,7 +15,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, protocol, refusal, state, warm
+from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state, warm
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements

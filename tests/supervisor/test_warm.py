@@ -308,3 +308,25 @@ def test_the_asyncio_client_takes_a_warm_server(warm):
             return child.warm, await child.wait(), out
 
     assert asyncio.run(session()) == (True, 0, b"ping\n")
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_server_of_a_replaced_grant_is_discarded(lab):
+    """A granted path replaced: a fresh spawn would enter a new ruleset,
+    so the warm server, which holds the old one, is not handed out."""
+    data = lab.dir / "data"
+    data.mkdir()
+    os.chmod(data, 0o755)
+    lab.manifest("wdata", command="/bin/cat", warm=1, user=65534,
+                 sandbox={"profiles": ["system"], "read_only_noexec": [str(data)]})
+    sv = lab.start()
+    assert wait_until(lambda: _warm(sv, "wdata"), 10), sv.log()
+    [server] = _warm(sv, "wdata")
+    os.rename(data, lab.dir / "old-data")
+    data.mkdir()
+    os.chmod(data, 0o755)
+    child = sv.client.spawn("wdata", stdio="pipes")
+    assert child.pid != server and not child.warm
+    assert f"warm server {server} discarded: it is not what a fresh spawn of its manifest would be now" in sv.log()
+    child.kill()
+    child.close()
