@@ -376,7 +376,9 @@ class Supervisor:
         everyone = conn.peer.uid == os.geteuid()
         self.connections.send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
             {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
-             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held}
+             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held,
+             # What a warm server costs while it waits (docs/manifests.md).
+             **({"pss_kib": procfs.pss_kib(s.pid)} if s.held else {})}
             for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]})
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:

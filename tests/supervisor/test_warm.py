@@ -170,6 +170,11 @@ def test_a_reload_retires_every_warm_server(warm):
     child = sv.client.spawn("wsh", stdio="pipes")
     assert child.warm and child.pid != old
     assert "retired: the manifests were reloaded" in sv.log()
+    listed = {c["pid"]: c for c in sv.client.list()["children"]}
+    assert listed[child.pid]["warm"] is False and "pss_kib" not in listed[child.pid]
+    assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wsh")[0] != child.pid, 10)
+    spare = {c["pid"]: c for c in sv.client.list()["children"]}[_warm(sv, "wsh")[0]]
+    assert spare["warm"] is True and spare["peer_pid"] is None and spare["pss_kib"] > 0, spare
     child.kill()
     child.close()
 
