@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -334,4 +336,35 @@ def test_a_warm_server_of_a_replaced_grant_is_discarded(lab):
     assert child.pid != server and not child.warm
     assert f"warm server {server} discarded: it is not what a fresh spawn of its manifest would be now" in sv.log()
     child.kill()
+    child.close()
+
+
+SERVERS = Path(__file__).resolve().parents[2] / ".servers"
+TIME_SERVER = SERVERS / "venv" / "bin" / "mcp-server-time"
+
+
+@pytest.mark.timeout(90)
+def test_a_warm_mcp_server_takes_its_clients_initialize_as_its_first_message(lab):
+    """A real MCP server (examples/time.yaml, `warm: 1`): it has received
+    nothing; the client's initialize is its first message and is answered;
+    a tool call works. The SDK's own session, as with a process it started."""
+    if not TIME_SERVER.exists():
+        pytest.skip("the real MCP servers are not installed (scripts/install-servers)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from mcp_session import McpSession, tool_text
+    text = (Path(__file__).resolve().parents[2] / "examples" / "time.yaml").read_text()
+    (lab.manifest_dir / "time.yaml").write_text(text + "warm: 1\n")
+    sv = lab.start(env={"MCP_SERVERS": str(SERVERS)})
+    assert wait_until(lambda: _warm(sv, "time"), 30), sv.log()
+    [server] = _warm(sv, "time")
+    time.sleep(1)   # long enough for it to have started up, waiting on its stdin
+    assert _state(server) == "S", _state(server)
+    child = sv.client.spawn("time", stdio="pipes")
+    assert child.warm and child.pid == server
+    with McpSession(child.stdin, child.stdout, timeout=30) as session:
+        info = session.initialize()
+        assert info["serverInfo"]["name"] == "mcp-time", info
+        result = session.call_tool("get_current_time", {"timezone": "UTC"})
+        assert not result.get("isError") and "UTC" in tool_text(result), result
+    assert child.wait(30) == 0
     child.close()
