@@ -115,8 +115,9 @@ class Supervisor:
         records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
         self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
                                  records, tick)
+        # Drained as `pool: auto` pools are, after the same idle time.
         self.warm = warm.WarmServers(self.loop, self.children, self.limits, self._warm_launch,
-                                     lambda: self.zygote.pid)
+                                     lambda: self.zygote.pid, pool_idle)
         self.handlers: dict[str, Handler] = {
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
             "describe": self._describe, "status": self._status, "signal": self._signal,
@@ -348,6 +349,7 @@ class Supervisor:
         launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
                         self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
         self.own.check()
+        self.warm.asked_for(m)
         why = warm.unfit(m, request, pipes)
         if why is None:
             server, why = self.warm.take(m, launch)

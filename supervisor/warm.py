@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 300.0
+TEND = 5.0               # seconds between looks at demand and at room under the children limit
 STABLE = 10.0            # a server that waited this long was no failure, whatever ended it
 _SCHED_RESET_ON_FORK = 0x40000000
 _KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
@@ -174,16 +175,21 @@ class Warm:
 
 class WarmServers:
     """The warm servers of every manifest with `warm: N`, kept by the
-    loop: started at serve and after each use, retired at reload."""
+    loop: started at serve and after each use, retired at reload, drained
+    when their manifest was not asked for in `idle` seconds (started again
+    at its next spawn, which is fresh)."""
 
     def __init__(self, loop: Loop, children: Children, limits: Limits, launch_of: Callable[[Manifest], Launch],
-                 zygote_pid: Callable[[], int | None]) -> None:
+                 zygote_pid: Callable[[], int | None], idle: float) -> None:
         self.loop, self.children, self.limits, self.launch_of = loop, children, limits, launch_of
-        self.zygote_pid = zygote_pid
+        self.zygote_pid, self.idle = zygote_pid, idle
         self.manifests: dict[str, Manifest] = {}
         self.servers: dict[str, list[Warm]] = {}
         self.failures: dict[str, int] = {}
         self.fills: dict[str, Timer] = {}
+        self.asked: dict[str, float] = {}   # when each manifest was last asked for
+        self.dormant: set[str] = set()      # drained for want of demand
+        self.tending: Timer | None = None
         self.stopping = False
         children.on_held = self._held
 
@@ -193,15 +199,40 @@ class WarmServers:
         self.retire_all("the manifests were reloaded")
         self.manifests = {name: m for name, m in manifests.items() if m.warm}
         self.failures.clear()
+        self.dormant.clear()
+        now = time.monotonic()
+        self.asked = {name: now for name in self.manifests}
         for name in self.manifests:
             self._fill_later(name, 0.0)
+        if self.manifests:
+            self.tending = self.loop.at(min(TEND, self.idle), self._tend)
 
     def stop(self) -> None:
         self.stopping = True
         self.retire_all("the supervisor stops")
 
-    def count(self) -> int:
-        return sum(map(len, self.servers.values()))
+    def asked_for(self, m: Manifest) -> None:
+        """A spawn of m (warm or not): in demand; a drained manifest's warm servers come back."""
+        if m.name in self.manifests:
+            self.asked[m.name] = time.monotonic()
+            if m.name in self.dormant:
+                self.dormant.discard(m.name)
+                self._fill_later(m.name, 0.0)
+
+    def _tend(self) -> None:
+        """Drain the manifests not asked for in `idle` seconds; refill the
+        others (room under the children limit may have come)."""
+        now = time.monotonic()
+        for name in self.manifests:
+            if name in self.dormant:
+                continue
+            if now - self.asked[name] >= self.idle:
+                self.dormant.add(name)
+                for warm in list(self.servers.get(name, [])):
+                    self._discard(warm, f"drained: its manifest was not asked for in {self.idle:g} s", failed=False)
+            else:
+                self._fill_later(name, 0.0)
+        self.tending = self.loop.at(min(TEND, self.idle), self._tend)
 
     def pids(self) -> dict[str, list[int]]:
         return {name: [w.session.pid for w in servers if w.ready] for name, servers in self.servers.items() if servers}
@@ -245,7 +276,7 @@ class WarmServers:
         self.fills.pop(name, None)
         m = self.manifests.get(name)
         # Until a failure schedules the next try (the backoff).
-        while (m is not None and not self.stopping and name not in self.fills
+        while (m is not None and not self.stopping and name not in self.fills and name not in self.dormant
                and len(self.servers.get(name, [])) < m.warm and len(self.children) < self.limits.children):
             if not self._start(m):
                 self._failed(name)
@@ -332,6 +363,9 @@ class WarmServers:
         for timer in self.fills.values():
             timer.cancel()
         self.fills.clear()
+        if self.tending is not None:
+            self.tending.cancel()
+            self.tending = None
 
 
 def _readable(fd: int) -> bool:

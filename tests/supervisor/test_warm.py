@@ -368,3 +368,20 @@ def test_a_warm_mcp_server_takes_its_clients_initialize_as_its_first_message(lab
         assert not result.get("isError") and "UTC" in tool_text(result), result
     assert child.wait(30) == 0
     child.close()
+
+
+@pytest.mark.timeout(60)
+def test_warm_servers_not_asked_for_are_drained_and_come_back_when_asked(lab):
+    lab.manifest("idle", command="/bin/cat", warm=1, user=65534, sandbox={"profiles": ["system"]})
+    sv = lab.start(env={"LANDLOCK_SUPERVISOR_POOL_IDLE": "2"})
+    assert wait_until(lambda: _warm(sv, "idle"), 10), sv.log()
+    [first] = _warm(sv, "idle")
+    assert wait_until(lambda: not _warm(sv, "idle"), 10), sv.log()
+    assert f"warm server {first} discarded: drained: its manifest was not asked for in 2 s" in sv.log()
+    time.sleep(1)
+    assert not _warm(sv, "idle")   # not started again unasked
+    child = sv.client.spawn("idle", stdio="pipes")
+    assert not child.warm and child.not_warm == "no warm server is ready"
+    assert wait_until(lambda: _warm(sv, "idle"), 10), sv.log()   # asked for: back
+    child.kill()
+    child.close()
