@@ -247,7 +247,9 @@ class WarmServers:
         for warm in [w for w in servers if w.ready]:
             why = self._unfit(warm, m, launch)
             if why is not None:
-                self._discard(warm, why)
+                # No backoff: a process of its uid may have done it (renice),
+                # and a request, not the loop, found it: nothing spins.
+                self._discard(warm, why, failed=False)
                 continue
             self._forget(warm)
             self.failures.pop(m.name, None)
