@@ -52,6 +52,7 @@ def warm(lab):
                           "rlimits": {"NOFILE": 77}})
     # cat: no redirection of its own (the shell's `>&2` dups fd 2 onto 1 for a moment).
     lab.manifest("wcat", command="/bin/cat", warm=1, user=65534, sandbox={"profiles": ["system"]})
+    lab.manifest("pooled", command="/bin/true", pool=2, user=65534, sandbox={"profiles": ["system"]})
     lab.stock()
     sv = lab.start()
     assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wcat"), 10), sv.log()
@@ -130,10 +131,17 @@ def test_only_the_supervisor_holds_a_warm_servers_pipes_then_only_the_client(war
     [server] = _warm(sv, "wcat")
     inodes = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)}
     assert all(i.startswith("pipe:") for i in inodes) and len(inodes) == 3, inodes
+    # Later forks: a fresh child running, pooled children waiting (a pool
+    # starts at its manifest's first spawn), the other manifest's warm server.
+    later = sv.client.spawn("wsh", stdio="pipes", cwd="/")
+    run(sv.client, "pooled")
+    assert wait_until(lambda: sv.client.stats()["pooled"].get("pooled") == 2, 10), sv.client.stats()
     # Before: the server and the supervisor, nobody else (not the zygote,
-    # not a pooled child or a later warm server).
+    # nor any of those).
     for inode, pids in _pipe_holders(inodes).items():
         assert pids == {server, sv.pid}, (inode, pids, sv.client.stats()["zygote"])
+    later.kill()
+    later.close()
     child = sv.client.spawn("wcat", stdio="pipes")
     assert child.pid == server and child.warm
     # After: the server and this client; the supervisor kept none (it
