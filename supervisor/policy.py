@@ -90,11 +90,17 @@ def named(name: object, manifests: Mapping[str, Manifest], withdrawn: Mapping[st
 def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,
                supervisor_env: Mapping[str, str], resolve: Resolve = os.path.realpath) -> SpawnPlan:
     """The plan for an admitted request whose stdio was checked; raises Refused."""
-    if counts.children >= limits.children:
-        raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {counts.children} children, its limit")
+    room(counts.children, limits)
     if counts.of_peer >= limits.children_per_uid:
         raise Refused(Code.TOO_MANY_CHILDREN, f"uid {peer.uid} has {limits.children_per_uid} children, its limit")
     return plan(m, request, limits, supervisor_env, resolve)
+
+
+def room(children: int, limits: Limits) -> None:
+    """Refused unless one more child fits (a warm server handed over adds
+    none: the caller counts it out, and asks again before a fresh fork)."""
+    if children >= limits.children:
+        raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {children} children, its limit")
 
 
 def plan(m: Manifest, request: Mapping[str, Any], limits: Limits, supervisor_env: Mapping[str, str],

@@ -344,18 +344,21 @@ class Supervisor:
             check_stdio(fds, m)
         elif fds:
             raise Refused(Code.BAD_FDS, f"'spawn' with stdio \"pipes\" takes no fds, got {len(fds)}")
-        counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
+        self.warm.asked_for(m)
+        why = warm.unfit(m, request, pipes)
+        # A warm server handed over adds no child: at the limit, one ready may still serve.
+        spare = why is None and bool(self.warm.pids().get(m.name))
+        counts = policy.Counts(len(self.children) - spare, self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
         launch = Launch(plan.program, plan.argv, plan.env, plan.cwd, plan.umask,
                         self.confinements.get(plan.spec), pool=plan.pool, session_gid=plan.session_gid)
         self.own.check()
-        self.warm.asked_for(m)
-        why = warm.unfit(m, request, pipes)
         if why is None:
             server, why = self.warm.take(m, launch)
             if server is not None:
                 self.children.hand_over(conn, server.session, server.pipes)
                 return
+            policy.room(len(self.children), self.limits)   # a fresh child instead: it must fit
         client = None
         if pipes:
             fds, client = warm.pipes()

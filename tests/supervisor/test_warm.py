@@ -393,3 +393,23 @@ def test_warm_servers_not_asked_for_are_drained_and_come_back_when_asked(lab):
     assert wait_until(lambda: _warm(sv, "idle"), 10), sv.log()   # asked for: back
     child.kill()
     child.close()
+
+
+@pytest.mark.timeout(60)
+def test_warm_servers_count_against_the_children_limit(lab):
+    lab.manifest("many", command="/bin/cat", warm=3, user=65534, sandbox={"profiles": ["system"]})
+    lab.stock()
+    sv = lab.start(extra=["--max-children", "2"])
+    assert wait_until(lambda: len(_warm(sv, "many")) == 2, 10), sv.log()
+    time.sleep(1)
+    assert len(_warm(sv, "many")) == 2 and sv.client.stats()["children"] == 2   # never a third
+    with pytest.raises(SupervisorError) as e:
+        run(sv.client, "true")
+    assert e.value.code == Code.TOO_MANY_CHILDREN
+    with pytest.raises(SupervisorError) as e:
+        sv.client.spawn("many", stdio="pipes", cwd="/")   # not one a warm server serves: a fresh child
+    assert e.value.code == Code.TOO_MANY_CHILDREN
+    child = sv.client.spawn("many", stdio="pipes")   # a warm one is handed over: no new child
+    assert child.warm and sv.client.stats()["children"] == 2
+    child.kill()
+    child.close()

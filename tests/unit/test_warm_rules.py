@@ -107,3 +107,14 @@ def test_warm_max_age(tmp_path: Path) -> None:
     assert _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 5\n").warm_max_age == 5
     with pytest.raises(ManifestError, match="warm_max_age: expected 1 to 86400 seconds"):
         _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 0\n")
+
+
+def test_room() -> None:
+    from supervisor.errors import Code, Refused
+    from supervisor.limits import Limits
+    from supervisor.policy import room
+    limits = Limits(children=2)
+    room(1, limits)
+    with pytest.raises(Refused) as e:
+        room(2, limits)
+    assert e.value.code == Code.TOO_MANY_CHILDREN and "runs 2 children, its limit" in str(e.value)
