@@ -24,6 +24,7 @@ from .errors import Code, SupervisorError
 # name), and Run's generic base is no base at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from io import FileIO
     from typing import Any, Generic, TypeVar
 
     from landlock.report import Report
@@ -85,10 +86,17 @@ def shell_status(exited: Mapping[str, Any]) -> int:
 
 
 def spawn_request(name: str, args: Sequence[str], env: Mapping[str, str] | None,
-                  narrow: Mapping[str, Any] | None, cwd: str | None = None) -> dict[str, Any]:
+                  narrow: Mapping[str, Any] | None, cwd: str | None = None,
+                  stdio: str | None = None) -> dict[str, Any]:
     """cwd: the client's working directory, against which the supervisor
-    makes `.`, `./...` and `../...` among args absolute."""
+    makes `.`, `./...` and `../...` among args absolute. stdio "pipes": the
+    supervisor sends the child's pipes with `spawned` (a warm server's, or
+    a fresh child's) instead of taking the client's fds."""
+    if stdio not in (None, "pipes"):
+        raise ValueError(f"stdio: expected \"pipes\" or None, got {stdio!r}")
     request: dict[str, Any] = {"op": "spawn", "manifest": name, "args": list(args)}
+    if stdio:
+        request["stdio"] = stdio
     if env:
         request["env"] = dict(env)
     if narrow:
@@ -140,6 +148,13 @@ class Run(Generic[T]):
 
 def receive(sock: _socket.socket, within: float | None = None) -> Exchange[dict[str, Any]]:
     """The next message (any fds that came with it closed)."""
+    message, fds = yield from receive_fds(sock, within)
+    protocol.close_all(fds)
+    return message
+
+
+def receive_fds(sock: _socket.socket, within: float | None = None) -> Exchange[tuple[dict[str, Any], list[int]]]:
+    """The next message and the fds that came with it (the caller's to close)."""
     reset = False
     while True:
         yield Wait(sock, within)
@@ -158,10 +173,9 @@ def receive(sock: _socket.socket, within: float | None = None) -> Exchange[dict[
                 raise
             reset = True
             continue
-        protocol.close_all(fds)
         if message is None:
             raise ConnectionError(CLOSED)
-        return message
+        return message, fds
 
 
 def send_first(sock: _socket.socket, request: dict[str, Any], fds: Sequence[int] = ()) -> Exchange[None]:
@@ -179,17 +193,24 @@ def send_first(sock: _socket.socket, request: dict[str, Any], fds: Sequence[int]
     raise error_from(reply) from None
 
 
-def spawn(sock: _socket.socket, request: dict[str, Any], stdio: Sequence[int]) -> Exchange[dict[str, Any]]:
-    """The `spawned` reply; on any failure the socket is closed."""
+def spawn(sock: _socket.socket, request: dict[str, Any], stdio: Sequence[int]
+          ) -> Exchange[tuple[dict[str, Any], list[int]]]:
+    """The `spawned` reply, and the child's pipes when the request asked for
+    them (stdin's write end, stdout's and stderr's read ends); on any
+    failure the socket is closed."""
+    fds: list[int] = []
     try:
         yield from send_first(sock, request, stdio)
-        reply = yield from receive(sock)
+        reply, fds = yield from receive_fds(sock)
         if reply.get("event") != "spawned":
             raise error_from(reply)
+        if len(fds) != (3 if request.get("stdio") == "pipes" else 0):
+            raise protocol.ProtocolError(f"a malformed reply: `spawned` came with {len(fds)} fds", Code.INTERNAL)
     except BaseException:
+        protocol.close_all(fds)
         sock.close()
         raise
-    return reply
+    return reply, fds
 
 
 def short(sock: _socket.socket, op: str, **fields: Any) -> Exchange[dict[str, Any]]:
@@ -208,8 +229,16 @@ class ChildState:
     """What the supervisor told about a child, and the exchanges on its
     connection: shared by the sync and asyncio clients."""
 
-    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any]) -> None:
+    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any], pipes: Sequence[int] = ()) -> None:
         self._sock = sock
+        # With stdio="pipes": the child's stdin, stdout and stderr, as
+        # subprocess.Popen has them (unbuffered binary files); else None.
+        self.stdin: FileIO | None = open(pipes[0], "wb", buffering=0) if pipes else None
+        self.stdout: FileIO | None = open(pipes[1], "rb", buffering=0) if pipes else None
+        self.stderr: FileIO | None = open(pipes[2], "rb", buffering=0) if pipes else None
+        # Whether a warm server (started ahead) serves it, and if not why.
+        self.warm: bool = bool(spawned.get("warm"))
+        self.not_warm: str | None = spawned.get("why")
         self.pid: int = spawned["pid"]
         self.pgid: int = spawned["pgid"]
         self.manifest: str = spawned.get("manifest", "")
@@ -257,6 +286,10 @@ class ChildState:
         return self._sock.fileno()
 
     def close(self) -> None:
+        """The connection and any pipes the child came with."""
+        for pipe in (self.stdin, self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.close()
         self._sock.close()
 
     def _next(self) -> Exchange[dict[str, Any]]:

@@ -48,8 +48,8 @@ async def _run(exchange: core.Exchange[core.T]) -> core.T:
 
 
 class AsyncChild(core.ChildState):
-    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any]) -> None:
-        super().__init__(sock, spawned)
+    def __init__(self, sock: _socket.socket, spawned: Mapping[str, Any], pipes: Sequence[int] = ()) -> None:
+        super().__init__(sock, spawned, pipes)
         self._lock = asyncio.Lock()   # one reader of the connection at a time
 
     async def wait(self) -> int:
@@ -105,11 +105,13 @@ class AsyncClient:
 
     async def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
                     stderr: int = 2, env: Mapping[str, str] | None = None,
-                    narrow: Mapping[str, Any] | None = None, cwd: str | None = None) -> AsyncChild:
-        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it."""
-        request = core.spawn_request(name, args, env, narrow, cwd)
+                    narrow: Mapping[str, Any] | None = None, cwd: str | None = None,
+                    stdio: str | None = None) -> AsyncChild:
+        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it.
+        stdio="pipes": as Client.spawn."""
+        request = core.spawn_request(name, args, env, narrow, cwd, stdio)
         sock = self._open()
-        return AsyncChild(sock, await _run(core.spawn(sock, request, [stdin, stdout, stderr])))
+        return AsyncChild(sock, *await _run(core.spawn(sock, request, [] if stdio else [stdin, stdout, stderr])))
 
     async def _short(self, op: str, **fields: Any) -> dict[str, Any]:
         return await _run(core.short(self._open(), op, **fields))

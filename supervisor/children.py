@@ -53,6 +53,13 @@ class Session:
     retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
                                     # execs: a fresh child's if it was tampered with
     tally: Tally | None = None      # its denials, when they are read (supervisor/audit.py)
+    held: bool = False              # a warm server nobody's yet (supervisor/warm.py): `spawned` waits for its client
+    pipes: list[int] | None = None  # the client's ends of its stdio pipes (`stdio: "pipes"`), sent with `spawned`
+    warm: dict[str, Any] | None = None   # in `spawned`: whether a warm server served it, and if not why
+
+    def update(self, pipes: list[int] | None, warm: dict[str, Any] | None) -> "Session":
+        self.pipes, self.warm = pipes, warm
+        return self
 
 
 class Children:
@@ -64,6 +71,8 @@ class Children:
         self.sessions: dict[int, Session] = {}
         self.denials: Denials | None = None       # set when denials are read
         self.visibility: dict[str, Any] = {"mode": "off"}   # audit.Mode.describe(), in every `spawned`
+        # A held session exec'd, failed or ended: the warm servers' (supervisor/warm.py) to look at.
+        self.on_held: Callable[[Session], None] = lambda session: None
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -73,21 +82,24 @@ class Children:
 
     # ---- starting ---------------------------------------------------------
 
-    def start(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
+    def start(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int], pipes: list[int] | None,
+              warm: dict[str, Any]) -> None:
         """A child for launch: a pooled one if ready, else a fresh fork. Closes stdio, or keeps it
-        with the session until a pooled child's exec."""
+        with the session until a pooled child's exec; pipes (the client's ends, when
+        it asked for pipes) go with `spawned`, which says `warm`."""
         conn.deadline = None
         try:
             pooled = self.zygote.take(launch, stdio) if launch.pool else None
         except OSError as e:
             protocol.close_all(stdio)
+            protocol.close_all(pipes or [])
             self.connections.deadline(conn, self.limits.linger)
             raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
         while self.zygote.tampered:
             log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
                 "waited: discarded, a fresh child serves the request")
         if pooled is None:
-            self._fresh(conn, m, launch, stdio)
+            self._fresh(conn, m, launch, stdio, pipes=pipes, warm=warm)
             return
         pid, errpipe, gid, canary = pooled
         retry = None
@@ -98,10 +110,26 @@ class Children:
             retry = (launch, stdio)
         else:
             protocol.close_all(stdio)
-        self._track(conn, m, launch, pid, errpipe, gid, retry, canary)
+        self._track(conn, m, launch, pid, errpipe, gid, retry, canary).update(pipes, warm)
 
-    def _fresh(self, conn: Connection, m: Manifest, launch: Launch, stdio: list[int]) -> None:
-        """A fresh child for the request: the zygote forks it. Closes stdio."""
+    def start_held(self, m: Manifest, launch: Launch, stdio: list[int]) -> Session:
+        """A warm server: a fresh child of nobody's request, held until a
+        client takes it (hand_over). Closes stdio; raises Refused."""
+        return self._fresh(None, m, launch, stdio, held=True)
+
+    def hand_over(self, conn: Connection, session: Session, pipes: list[int]) -> None:
+        """A held warm server becomes conn's session, charged to its uid:
+        `spawned` with the supervisor's ends of its pipes, then what it was
+        denied while it waited."""
+        conn.deadline = None
+        session.held, session.conn, session.uid = False, conn, conn.peer.uid
+        session.update(pipes, {"warm": True})
+        conn.session = session
+        self._spawned(session)
+
+    def _fresh(self, conn: Connection | None, m: Manifest, launch: Launch, stdio: list[int], *,
+               pipes: list[int] | None = None, warm: dict[str, Any] | None = None, held: bool = False) -> Session:
+        """A fresh child for the request: the zygote forks it. Closes stdio (and pipes if refused)."""
         try:
             try:
                 gid = self.gids.take() if self.gids is not None and launch.session_gid else None
@@ -115,14 +143,18 @@ class Children:
                     raise Refused(Code.SPAWN_FAILED, f"{m.name}: out of file descriptors: {e.strerror}") from None
                 raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
         except Refused:
-            self.connections.deadline(conn, self.limits.linger)
+            protocol.close_all(pipes or [])
+            if conn is not None:
+                self.connections.deadline(conn, self.limits.linger)
             raise
         finally:
             protocol.close_all(stdio)
-        self._track(conn, m, launch, pid, errpipe, gid, None, canary)
+        session = self._track(conn, m, launch, pid, errpipe, gid, None, canary)
+        session.held = held
+        return session.update(pipes, warm)
 
-    def _track(self, conn: Connection, m: Manifest, launch: Launch, pid: int, errpipe: int,
-               gid: int | None, retry: Retry | None, canary: str | None) -> None:
+    def _track(self, conn: Connection | None, m: Manifest, launch: Launch, pid: int, errpipe: int,
+               gid: int | None, retry: Retry | None, canary: str | None) -> Session:
         previous = self.sessions.get(pid)
         if previous is not None:
             # pids wrap: the last child with this pid was reaped in this same
@@ -130,17 +162,20 @@ class Children:
             # it would take the new child's session with it when forgotten.
             self.on_errpipe(previous)
             self.sessions.pop(pid, None)
-        session = Session(pid, m, conn, {**launch.confinement.report_dict, "tid": pid}, conn.peer.uid, errpipe,
-                          gid=gid, retry=retry)
+        # A held one (a warm server) is charged to no uid until its hand-over.
+        session = Session(pid, m, conn, {**launch.confinement.report_dict, "tid": pid},
+                          conn.peer.uid if conn is not None else -1, errpipe, gid=gid, retry=retry)
         # Now, while the child execs on the other CPU; a failed one is forgotten with its record.
         session.record = self.records.add(pid)
-        conn.session = session
+        if conn is not None:
+            conn.session = session
         self.sessions[pid] = session
         if self.denials is not None:
             session.tally = Tally(quiet=m.quiet_denials, canary=canary)
             self.denials.started(session)
         self.loop.watch(errpipe, lambda: self.on_errpipe(session))
         self.tick.start()  # the sweep also watches our own limits while children run
+        return session
 
     def on_errpipe(self, session: Session) -> None:
         """EOF: it exec'd; data: where it failed."""
@@ -164,16 +199,35 @@ class Children:
                                                  "errno": error.errno, "error": f"{session.manifest.name}: {error}",
                                                  "op": "spawn"})
             session.kill_reason = "spawn_failed"
+            protocol.close_all(session.pipes or [])
+            session.pipes = None
             if session.conn is not None:
                 self.connections.deadline(session.conn, self.limits.linger)
+            if session.held:
+                self.on_held(session)
             if session.exited is not None:
                 self._forget(session)
             return
+        if session.held:
+            self.on_held(session)   # exec'd: `spawned` goes out at its hand-over
+            if session.exited is not None:
+                self._forget(session)   # reaped already, nobody to tell
+            elif session.kill_reason is not None:
+                self.terminate(session, session.kill_reason)   # discarded before it exec'd
+            return
+        self._spawned(session)
+
+    def _spawned(self, session: Session) -> None:
+        """`spawned` (with the client's pipe ends, if it asked for pipes), then what was denied before."""
         self.stats["spawned"] += 1
         session.spawned = True
-        self.connections.send(session.conn, {"event": "spawned", "pid": session.pid, "pgid": session.pid,
-                                             "manifest": session.manifest.name, "report": session.report,
-                                             "denials": self.visibility})
+        event = {"event": "spawned", "pid": session.pid, "pgid": session.pid, "manifest": session.manifest.name,
+                 "report": session.report, "denials": self.visibility, **(session.warm or {})}
+        pipes, session.pipes = session.pipes or [], None
+        try:
+            self.connections.send(session.conn, event, pipes)
+        finally:
+            protocol.close_all(pipes)
         if session.tally is not None:
             for event in session.tally.early:   # what was denied before `spawned`, in order
                 self.connections.offer(session.conn, event)
@@ -191,14 +245,15 @@ class Children:
             "waited: discarded, a fresh child serves the request")
         if session.exited is None:
             self.zygote.retired.add(session.pid)  # reaped as ours, not as an orphan
+        pipes, session.pipes = session.pipes, None
         self._forget(session)
         conn = session.conn
         if conn is None or conn.session is not session:
-            protocol.close_all(stdio)  # the client went meanwhile
+            protocol.close_all([*stdio, *(pipes or [])])  # the client went meanwhile
             return
         conn.session = None
         try:
-            self._fresh(conn, session.manifest, launch, stdio)
+            self._fresh(conn, session.manifest, launch, stdio, pipes=pipes, warm=session.warm)
         except Refused as e:
             self.stats["refused"] += 1
             self.connections.send(conn, {"event": "error", "code": e.code, "error": str(e), "op": "spawn"})
@@ -266,6 +321,8 @@ class Children:
                 self.loop.at(self.limits.grace, functools.partial(self._kill_leftovers, session))
             if session.errpipe >= 0:
                 continue  # on_errpipe reports it, in order
+            if session.held:
+                self.on_held(session)
             if session.spawned:
                 self._announce_exit(session)
             else:
@@ -367,6 +424,8 @@ class Children:
         if session.retry is not None:
             protocol.close_all(session.retry[1])
             session.retry = None
+        protocol.close_all(session.pipes or [])
+        session.pipes = None
         if not session.leftovers:  # else at their KILL
             self.release_gid(session.gid)
             session.gid = None

@@ -109,11 +109,13 @@ class Client:
     def spawn(self, name: str, args: Sequence[str] = (), *, stdin: int = 0, stdout: int = 1,
               stderr: int = 2, env: Mapping[str, str] | None = None,
               narrow: Mapping[str, Any] | None = None, timeout: float | None = 30,
-              cwd: str | None = None) -> Child:
-        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it."""
-        request = core.spawn_request(name, args, env, narrow, cwd)
+              cwd: str | None = None, stdio: str | None = None) -> Child:
+        """cwd: the supervisor makes `.`, `./...` and `../...` among args absolute against it.
+        stdio="pipes": the child comes with pipes (child.stdin, .stdout, .stderr),
+        stdin, stdout and stderr unused; a warm server may serve it (child.warm)."""
+        request = core.spawn_request(name, args, env, narrow, cwd, stdio)
         sock = self._connect()
-        return Child(sock, _run(core.spawn(sock, request, [stdin, stdout, stderr]), timeout))
+        return Child(sock, *_run(core.spawn(sock, request, [] if stdio else [stdin, stdout, stderr]), timeout))
 
     def _short(self, op: str, **fields: Any) -> dict[str, Any]:
         return _run(core.short(self._connect(), op, **fields), _REPLY_TIMEOUT)

@@ -247,8 +247,8 @@ class Connections:
         except OSError:
             return False  # a peer that does not read its replies is dropped by the caller
 
-    def send(self, conn: Connection | None, message: dict[str, Any]) -> None:
-        if conn is not None and not self.reply(conn.sock, message):
+    def send(self, conn: Connection | None, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        if conn is not None and not self.reply(conn.sock, message, fds):
             self.close(conn)
 
     def offer(self, conn: Connection | None, message: dict[str, Any]) -> bool:

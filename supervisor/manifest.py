@@ -31,10 +31,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
 PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
 MAX_POOL = 8
+MAX_WARM = 8
+WARM_MAX_AGE = 600   # seconds a warm server waits, unused, before it is replaced
 AUTO_POOL = "auto"   # the default: a pool kept while the manifest is in demand (zygote.pools.Demand)
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
              "user", "group", "groups", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
-             "terminal"}
+             "terminal", "warm", "warm_max_age"}
 _SANDBOX_KEYS = {*PATH_CLASSES, "profiles", "network", "rlimits", "require", "best_effort",
                  "scopes", "strict_paths", "log", "max_abi"}
 _NETWORK_KEYS = {*PORT_KEYS, "unrestricted"}
@@ -59,6 +61,8 @@ class Manifest:
     allow_root: bool = False
     pool: int | str = AUTO_POOL      # children kept forked and confined, ready for a request; "auto": adaptive
     terminal: bool = False           # a client may pass a terminal as stdio (it can then inject input)
+    warm: int = 0                    # servers started ahead, each handed whole to one client (supervisor/warm.py)
+    warm_max_age: int = WARM_MAX_AGE  # seconds one waits unused before it is replaced
     warnings: tuple[str, ...] = field(default=())
     area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
     dynamic: bool = False            # `user: dynamic`
@@ -150,6 +154,10 @@ class _Loader:
         cwd, client_env, umask = self._cwd(state_dir), self._client_env(), self._umask()
         pool, terminal, on_disconnect = self._serving()
         user, group, allow_root, dynamic = self._identity(name)
+        warm = self._warm(terminal, group)
+        warm_max_age = self.top.get("warm_max_age", int, WARM_MAX_AGE)
+        if not 1 <= warm_max_age <= 86400:
+            self.top.fail("warm_max_age", f"expected 1 to 86400 seconds, got {warm_max_age}")
         groups = self._groups(user, allow_root)
         fragment, spec, creds = self._sandbox(command, manifest_env, inherit_env, state_dir, area, user, group,
                                               groups)
@@ -161,7 +169,8 @@ class _Loader:
                         env=tuple(sorted(manifest_env.items())), inherit_env=tuple(inherit_env),
                         client_env=frozenset(client_env), client_args=top.get("client_args", bool, False),
                         umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
-                        allow_root=allow_root, pool=pool, terminal=terminal,
+                        allow_root=allow_root, pool=pool, terminal=terminal, warm=warm,
+                        warm_max_age=warm_max_age,
                         warnings=self._warnings(fragment, spec, user, command, self.state_root), area=area,
                         dynamic=dynamic,
                         uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),
@@ -256,6 +265,26 @@ class _Loader:
         if on_disconnect not in ("kill", "keep"):
             self.top.fail("on_disconnect", f"expected kill or keep, got {on_disconnect!r}")
         return pool, terminal, on_disconnect
+
+    def _warm(self, terminal: bool, group: str | int | None) -> int:
+        """`warm: N`: only where no other process shares a warm server's uid
+        and gid (a root supervisor's session gid), and never on a terminal
+        (it would hold the client's terminal before it is the client's)."""
+        warm = self.top.get("warm", int, 0)
+        if not 0 <= warm <= MAX_WARM:
+            self.top.fail("warm", f"expected 0 to {MAX_WARM} servers, got {warm!r}")
+        if not warm:
+            return warm
+        if terminal:
+            self.top.fail("warm", "contradicts `terminal: true`: a warm server's stdio are pipes, made before "
+                          "its client is known")
+        if group is not None:
+            self.top.fail("warm", "contradicts `group:`: other processes of that gid could change a warm "
+                          "server's limits while it waits for its client")
+        if not self.as_root:
+            self.top.fail("warm", "needs a root supervisor: under a user's own supervisor every process of "
+                          "that user could change a warm server while it waits for its client")
+        return warm
 
     def _identity(self, name: str) -> tuple[str | int | None, str | int | None, bool, bool]:
         """user, group, allow_root, dynamic."""

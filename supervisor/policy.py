@@ -3,6 +3,7 @@
 The checks run in the order a refusal's code depends on:
 
     admit()        unknown fields, the manifest's name, stopping
+    stdio_pipes()  the client's stdio (3 fds) or pipes the supervisor makes (`stdio: "pipes"`, no fds)
     check_stdio()  3 fds, each usable as stdio; a terminal only if the manifest takes one
     plan_spawn()   child limits, args (relative ones against the client's cwd), env,
                    narrowing (paths, ports, rlimits), then the plan:
@@ -36,7 +37,7 @@ TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy tak
 if TYPE_CHECKING:
     from typing import Any
 
-SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow", "cwd"})
+SPAWN_FIELDS = frozenset({"v", "op", "manifest", "args", "env", "narrow", "cwd", "stdio"})
 MAX_CWD = 4096   # PATH_MAX
 NARROWABLE = frozenset({*PATH_CLASSES, *PORT_KEYS, "rlimits"})
 # A narrowed path may lie within a grant of its own class or of a stronger one.
@@ -122,10 +123,23 @@ def check_stdio(fds: Sequence[int], m: Manifest, fstat: Callable[[int], os.stat_
 def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,
                supervisor_env: Mapping[str, str], resolve: Resolve = os.path.realpath) -> SpawnPlan:
     """The plan for an admitted request whose stdio was checked; raises Refused."""
-    if counts.children >= limits.children:
-        raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {counts.children} children, its limit")
+    room(counts.children, limits)
     if counts.of_peer >= limits.children_per_uid:
         raise Refused(Code.TOO_MANY_CHILDREN, f"uid {peer.uid} has {limits.children_per_uid} children, its limit")
+    return plan(m, request, limits, supervisor_env, resolve)
+
+
+def room(children: int, limits: Limits) -> None:
+    """Refused unless one more child fits (a warm server handed over adds
+    none: the caller counts it out, and asks again before a fresh fork)."""
+    if children >= limits.children:
+        raise Refused(Code.TOO_MANY_CHILDREN, f"the supervisor runs {children} children, its limit")
+
+
+def plan(m: Manifest, request: Mapping[str, Any], limits: Limits, supervisor_env: Mapping[str, str],
+         resolve: Resolve = os.path.realpath) -> SpawnPlan:
+    """What request asks of m, nobody's limits counted (a warm server's:
+    the manifest's own process, request {})."""
     args = _args(m, request.get("args", []), request.get("cwd"), limits)
     client_env = _client_env(m, request.get("env"))
     try:
@@ -137,6 +151,15 @@ def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Coun
                      pool=pool_of(m) if spec == m.spec else None,
                      # A manifest that names its group keeps it.
                      session_gid=m.spec.group is None)
+
+
+def stdio_pipes(request: Mapping[str, Any]) -> bool:
+    """Whether the client asks for pipes (sent with `spawned`) instead of
+    passing its own stdio."""
+    stdio = request.get("stdio")
+    if stdio not in (None, "pipes"):
+        raise Refused(Code.BAD_REQUEST, "stdio: expected \"pipes\" (or no field, and 3 fds)")
+    return stdio == "pipes"
 
 
 def pool_of(m: Manifest) -> tuple[str, int | None] | None:

@@ -101,6 +101,19 @@ def rss_kib(pid: int | str = "self") -> int | None:
     return 0
 
 
+def pss_kib(pid: int) -> int | None:
+    """A process's proportional set size (smaps_rollup): what it costs, its
+    shared pages divided among their holders; None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def groups_of(pid: int) -> set[int]:
     """Its supplementary groups; none when it cannot be read."""
     try:

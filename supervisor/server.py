@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state
+from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state, warm
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
@@ -112,6 +112,9 @@ class Supervisor:
         records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
         self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
                                  records, tick)
+        # Drained as `pool: auto` pools are, after the same idle time.
+        self.warm = warm.WarmServers(self.loop, self.children, self.limits, self._warm_launch,
+                                     lambda: self.zygote.pid, pool_idle)
         self.handlers: dict[str, Handler] = {
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
             "describe": self._describe, "status": self._status, "signal": self._signal,
@@ -203,6 +206,7 @@ class Supervisor:
             self.visibility.close()
             where = f"{e.filename}: " if e.filename else ""
             raise SystemExit(f"landlock-supervisor: not starting: {where}{e.strerror or e}") from None
+        self._keep_warm()
         self.loop.run(lambda: self.stopping and not self.children.sessions)
         self._finish()
         return 0
@@ -255,12 +259,14 @@ class Supervisor:
         self._protect()
         self.zygote.drain()
         self.confinements.clear()
+        self._keep_warm()
         log(f"reloaded {len(new)} manifest(s)" + (f", {len(withdrawn)} not served" if withdrawn else ""))
 
     def shutdown(self, reason: str) -> None:
         if self.stopping:
             return
         self.stopping = True
+        self.warm.stop()
         self.zygote.close()  # the pooled children exit with it
         self.connections.stop_listening()
         self._remove_socket_path()
@@ -309,18 +315,51 @@ class Supervisor:
             raise Refused(Code.BAD_OP, f"unknown operation {op!r}")
         handler(conn, message, fds)
 
+    def _keep_warm(self) -> None:
+        """Warm servers only where each has a session gid of its own (a root
+        supervisor that serves: not a private one, which says so)."""
+        if self.gids is not None:
+            self.warm.serve(self.manifests)
+            return
+        for m in self.manifests.values():
+            if m.warm:
+                log(f"{m.source}: warning: warm: {m.warm} not kept: this supervisor gives no session gids "
+                    "(a private one): every spawn is fresh")
+
+    def _warm_launch(self, m: Manifest) -> Launch:
+        """A warm server's launch: the manifest's own process, nobody's request."""
+        plan = policy.plan(m, {}, self.limits, os.environ)
+        return Launch(plan, self.confinements.get(plan.spec))
+
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
         """docs/design.md's spawn, a line a step: policy, then the confinement, then the child."""
         if conn.session is not None:
             raise Refused(Code.ALREADY_SPAWNED, "this connection has spawned already: one connection per child")
         m = policy.admit(request, self.manifests, self.stopping, self.withdrawn)
-        policy.check_stdio(fds, m)
-        counts = policy.Counts(len(self.children), self.children.count_of(conn.peer.uid))
+        pipes = policy.stdio_pipes(request)
+        if not pipes:
+            policy.check_stdio(fds, m)
+        elif fds:
+            raise Refused(Code.BAD_FDS, f"'spawn' with stdio \"pipes\" takes no fds, got {len(fds)}")
+        self.warm.asked_for(m)
+        why = warm.unfit(m, request, pipes)
+        # A warm server handed over adds no child: at the limit, one ready may still serve.
+        spare = why is None and bool(self.warm.pids().get(m.name))
+        counts = policy.Counts(len(self.children) - spare, self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
         launch = Launch(plan, self.confinements.get(plan.spec))
         self.own.check()
+        if why is None:
+            server, why = self.warm.take(m, launch)
+            if server is not None:
+                self.children.hand_over(conn, server.session, server.pipes)
+                return
+            policy.room(len(self.children), self.limits)   # a fresh child instead: it must fit
+        client = None
+        if pipes:
+            fds, client = warm.pipes()
         try:
-            self.children.start(conn, m, launch, fds)
+            self.children.start(conn, m, launch, fds, client, {"warm": False, "why": why})
         finally:
             self._watch_pools()
 
@@ -342,13 +381,16 @@ class Supervisor:
         everyone = conn.peer.uid == os.geteuid()
         self.connections.send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
             {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
-             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None}
+             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held,
+             # What a warm server costs while it waits (docs/manifests.md).
+             **({"pss_kib": procfs.pss_kib(s.pid)} if s.held else {})}
             for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]})
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, {"event": "stats", **self.stats, "children": len(self.children),
                                      "zygote": self.zygote.pid,
                                      "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
+                                     "warm": self.warm.pids(),
                                      "connections": len(self.connections), "fds": procfs.fd_count(),
                                      "rss_kib": procfs.rss_kib()})
 

@@ -109,20 +109,23 @@ class ZygoteLoop:
     def _spawn(self, message: Spawn, fds: list[int]) -> None:
         canary = None
         try:
-            if len(fds) < 5:
-                self._answer(ForkFailed(0, f"a spawn takes stdio, its request and error pipe, got {len(fds)} fds"))
-                return
-            canary = child.make_canary(message.entry.canary)
-            pid = child.fork(self.zygote, message, message.gid, fds[4], fds[5] if len(fds) > 5 else -1,
-                             stdio=fds[:3], request=fds[3], size=message.size, canary=canary)
+            try:
+                if len(fds) < 5:
+                    raise OSError(0, f"a spawn takes stdio, its request and error pipe, got {len(fds)} fds")
+                canary = child.make_canary(message.entry.canary)
+                pid = child.fork(self.zygote, message, message.gid, fds[4], fds[5] if len(fds) > 5 else -1,
+                                 stdio=fds[:3], request=fds[3], size=message.size, canary=canary)
+            finally:
+                # Before the answer: once the supervisor has it, no process
+                # but the child holds the child's stdio (a warm server's
+                # pipes: only the supervisor holds their other ends).
+                for fd in fds:
+                    os.close(fd)
         except OSError as e:
             child.remove_canary(canary)
             self._answer(ForkFailed(e.errno or 0, e.strerror or str(e)))
         else:
             self._answer(Forked(pid, canary))
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     def _pool(self, message: Pool, fds: list[int]) -> None:
         self._drain(Drain(message.name), [])

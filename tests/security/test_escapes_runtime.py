@@ -16,6 +16,7 @@ import os
 import pty
 import resource
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -257,6 +258,46 @@ def test_same_uid_sessions_can_reschedule_each_other(rt):
     o = attack(rt.client, "sib", [["sched_attack_from", str(path)]])
     target.finish()
     check_limit("sched-same-uid", o[0]["ok"] and o[0]["value"]["policy"] == os.SCHED_IDLE)
+
+
+@pytest.mark.timeout(60)
+@case("warm-spare-tamper")
+def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
+    """Attempt: a session of uid 64100 reaches the warm spare of another
+    manifest of that uid (a process started ahead for the next client):
+    lowers its limits, stops it, renices, pins and idles it, so that the
+    next client gets a crippled server. Stopped by: prlimit needs the
+    spare's session gid (EPERM), the signal scope keeps SIGSTOP in the
+    attacker's domain (EPERM); scheduling checks uids only (allowed,
+    `sched-same-uid`), so the supervisor compares the spare's scheduling
+    with the zygote's at hand-over: discarded, and the client gets a
+    fresh server."""
+    share = lab.dir / "share"
+    share.mkdir()
+    os.chmod(share, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    lab.manifest("attacker", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                 user=CHILD_UID, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+    lab.manifest("spare", command="/bin/cat", warm=1, user=CHILD_UID, sandbox={"profiles": ["system"]})
+    sv = lab.start()
+    assert wait_until(lambda: sv.client.stats()["warm"].get("spare"), 10), sv.log()
+    [spare] = sv.client.stats()["warm"]["spare"]
+    before = Path(f"/proc/{spare}/limits").read_text()
+    _tell(share / "spare", spare)
+    o = attack(sv.client, "attacker", [["prlimit", spare, "NOFILE", 3, 3], ["kill", spare, int(signal.SIGSTOP)],
+                                       ["sched_attack_from", str(share / "spare")]])
+    assert [o.errname(0), o.errname(1)] == ["EPERM", "EPERM"], o
+    assert Path(f"/proc/{spare}/limits").read_text() == before
+    assert o[2]["ok"] and o[2]["value"]["policy"] == os.SCHED_IDLE, o   # the premise: allowed
+    child = sv.client.spawn("spare", stdio="pipes")
+    assert child.pid != spare and not child.warm, (child.pid, spare)
+    assert f"warm server {spare} discarded: its scheduling is" in sv.log()
+    child.stdin.write(b"fresh\n")
+    child.stdin.close()
+    assert read_all(os.dup(child.stdout.fileno()))[0] == b"fresh\n"
+    assert child.wait(10) == 0
+    child.close()
 
 
 def _user_supervisor(lab: Any, uid: int) -> Supervisor:

@@ -345,3 +345,21 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
     assert {e["object"] for e in got["recent"]} == {"/etc/hostname"}   # not the owner's /etc/hosts
     owner = {e["object"] for e in sv.client.denials()["recent"]}
     assert {"/etc/hostname", "/etc/hosts"} <= owner
+
+
+def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, host_audit: Any) -> None:
+    """Denied while it waited (nobody's yet): told to the client that gets
+    it, after `spawned`, and counted in its `exited` (supervisor/warm.py)."""
+    lab.manifest("wdenied", command="/bin/sh", args=["-c", "cat /etc/hostname 2>/dev/null; exec cat"], warm=1,
+                 user=65534, sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
+    sv = lab.start(extra=["--audit", "detail"])
+    assert wait_until(lambda: sv.client.stats()["warm"].get("wdenied"), 10), sv.log()
+    time.sleep(0.5)   # its denial's record read while it waits
+    child = sv.client.spawn("wdenied", stdio="pipes")
+    assert child.warm
+    child.stdin.close()
+    assert child.wait(10) == 0
+    reads = [e for e in child.denied if e["object"] == "/etc/hostname"]
+    assert len(reads) == 1 and reads[0]["pid"] == child.pid, list(child.denied)
+    assert child.exited is not None and child.exited["denials"]["received"] >= 1, child.exited
+    child.close()

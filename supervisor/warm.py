@@ -1,0 +1,376 @@
+"""Warm servers: a manifest's own process started ahead (`warm: N`), held on pipes by the supervisor, handed whole to one client.
+
+A warm server is a fresh spawn of its manifest with nobody's request
+(policy.plan with {}): the same zygote path, the same (stage, step)
+sequence (zygote.child.FRESH), its own uid, session gid, keyring, Landlock
+domain and canary; its stdin, stdout and stderr are pipes whose other ends
+only the supervisor holds (the zygote closes its copies once it forked, the
+child's ends are closed here once sent). It is sent nothing. A spawn
+request that would start exactly that process and asks for pipes gets the
+supervisor's three ends with `spawned` (children.hand_over), which closes
+them: from then on the server is that client's session, and no process
+but the client holds an end. Each serves one session; the next is started
+off the request's path.
+
+Never handed out: a server that exited, wrote to its stdout (it answered
+nobody: it is not the process a fresh spawn would be), was stopped, or
+whose limits or scheduling are not as forked (`tampered`); one older than
+warm_max_age; one of a manifest since reloaded (all retired at each
+reload). What it wrote to stderr stays in its pipe (bounded by the pipe's
+size: a server that writes more waits) and is the client's to read, as a
+fresh server's banner would be. A server that fails or is discarded is
+replaced after a backoff that doubles, so a crashing server cannot spin.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import select
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from . import protocol
+from .children import Children, Session
+from .errors import Code, Refused
+from .limits import Limits
+from .log import log
+from .loop import Loop, Timer
+from .manifest import Manifest
+from .zygote.pools import proc_limits
+from .zygote.process import Launch
+
+TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from typing import Any
+
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 300.0
+TEND = 5.0               # seconds between looks at demand and at room under the children limit
+STABLE = 10.0            # a server that waited this long was no failure, whatever ended it
+_SCHED_RESET_ON_FORK = 0x40000000
+_KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
+# The request fields that always mean a fresh spawn (the issue's list).
+_CLIENT_FIELDS = (("args", "client args"), ("env", "a client environment"), ("cwd", "a client cwd"),
+                  ("narrow", "a narrowing"))
+
+
+def unfit(m: Manifest, request: Mapping[str, Any], pipes: bool) -> str | None:
+    """Why a spawn request is not one a warm server may serve (None: it
+    may, if one is ready): anything of the client's in it means a fresh
+    spawn, so that no client's data reaches a process started before it."""
+    if not m.warm:
+        return "its manifest keeps no warm server"
+    if not pipes:
+        return "the client passed its own stdio"
+    for key, what in _CLIENT_FIELDS:
+        if request.get(key) not in (None, [], {}) or (key in ("cwd", "narrow") and key in request):
+            return f"the request has {what}"
+    return None
+
+
+def pipes() -> tuple[list[int], list[int]]:
+    """stdio pipes: a child's ends (stdin's read end, stdout's and stderr's
+    write ends) and the others (its client's, or the supervisor's while a
+    warm server waits); close-on-exec, as everything the supervisor opens."""
+    ends: list[int] = []
+    try:
+        for _ in range(3):
+            ends.extend(os.pipe2(os.O_CLOEXEC))
+    except OSError as e:
+        protocol.close_all(ends)
+        raise Refused(Code.SPAWN_FAILED, f"no pipes for the child: {e.strerror}") from None
+    return [ends[0], ends[3], ends[5]], [ends[1], ends[2], ends[4]]
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """What another process of the server's uid could change while it waits."""
+    policy: int
+    nice: int
+    affinity: frozenset[int]
+
+
+def as_forked(policy: int, nice: int, affinity: frozenset[int]) -> Scheduling:
+    """A child's scheduling, forked by a zygote with these: its
+    SCHED_RESET_ON_FORK makes a real-time or deadline policy SCHED_OTHER
+    and a negative nice 0 (zygote.main._reset_scheduling)."""
+    if not policy & _SCHED_RESET_ON_FORK:
+        return Scheduling(policy, nice, affinity)
+    policy &= ~_SCHED_RESET_ON_FORK
+    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity)
+
+
+def scheduling_of(pid: int) -> Scheduling:
+    return Scheduling(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid),
+                      frozenset(os.sched_getaffinity(pid)))
+
+
+def _below(soft: int, floor: int) -> bool:
+    inf = float("inf")
+    as_num: Callable[[int], float] = lambda v: inf if v == resource.RLIM_INFINITY else v  # noqa: E731
+    return as_num(soft) < as_num(floor)
+
+
+def limits_tampered(now: Mapping[int, tuple[int, int]], forked: Mapping[int, tuple[int, int]]) -> str | None:
+    """A hard limit changed, or a soft one below what it was forked with
+    (raising a soft limit, as node does with NOFILE, is not tampering)."""
+    for res, (soft, hard) in forked.items():
+        got_soft, got_hard = now.get(res, (soft, hard))
+        if got_hard != hard:
+            return f"its hard limit {res} is {got_hard}, not {hard}"
+        if _below(got_soft, soft):
+            return f"its soft limit {res} is {got_soft}, below {soft}"
+    return None
+
+
+def parse_limits(text: bytes) -> dict[int, tuple[int, int]]:
+    """/proc/PID/limits (readable by anyone, where prlimit(2) of another uid
+    and gid needs CAP_SYS_RESOURCE): resource -> (soft, hard), its lines in
+    the resources' order, each "%-25s %-20s %-20s %-10s"."""
+    def value(line: str, start: int) -> int:
+        v = line[start:start + 20].strip()
+        return resource.RLIM_INFINITY if v == "unlimited" else int(v)
+    return {res: (value(line, 26), value(line, 47)) for res, line in enumerate(text.decode().splitlines()[1:])}
+
+
+def _limits_of(pid: int) -> dict[int, tuple[int, int]]:
+    text = proc_limits(pid)
+    if text is None:
+        raise OSError(0, f"/proc/{pid}/limits cannot be read")
+    return parse_limits(text)
+
+
+def tampered(pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> str | None:
+    """Why the server pid is not as it was forked, or None; any failure to
+    look is a reason."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+        if state in (b"T", b"t", b"Z", b"X"):
+            return f"it is in state {state.decode()} (stopped, traced or dead)"
+        why = limits_tampered(_limits_of(pid), limits)
+        now = scheduling_of(pid)
+    except (OSError, IndexError, ValueError) as e:
+        return f"it cannot be looked at: {e}"
+    if why is None and now != scheduling:
+        why = f"its scheduling is {now}, not {scheduling} as forked"
+    return why
+
+
+@dataclass
+class Warm:
+    """One warm server: its session (held), what it was started as, the
+    supervisor's ends of its pipes (stdin's write end, stdout's and
+    stderr's read ends)."""
+    session: Session
+    launch: Launch
+    pipes: list[int]
+    started: float
+    ready: bool = False
+    gone: bool = False        # handed over or discarded: none of its callbacks may act again
+    timer: Timer | None = None
+    limits: dict[int, tuple[int, int]] = field(default_factory=dict)
+    scheduling: Scheduling | None = None
+
+
+class WarmServers:
+    """The warm servers of every manifest with `warm: N`, kept by the
+    loop: started at serve and after each use, retired at reload, drained
+    when their manifest was not asked for in `idle` seconds (started again
+    at its next spawn, which is fresh)."""
+
+    def __init__(self, loop: Loop, children: Children, limits: Limits, launch_of: Callable[[Manifest], Launch],
+                 zygote_pid: Callable[[], int | None], idle: float) -> None:
+        self.loop, self.children, self.limits, self.launch_of = loop, children, limits, launch_of
+        self.zygote_pid, self.idle = zygote_pid, idle
+        self.manifests: dict[str, Manifest] = {}
+        self.servers: dict[str, list[Warm]] = {}
+        self.failures: dict[str, int] = {}
+        self.fills: dict[str, Timer] = {}
+        self.asked: dict[str, float] = {}   # when each manifest was last asked for
+        self.dormant: set[str] = set()      # drained for want of demand
+        self.tending: Timer | None = None
+        self.stopping = False
+        children.on_held = self._held
+
+    def serve(self, manifests: Mapping[str, Manifest]) -> None:
+        """The manifests served now (at start, after a reload): every warm
+        server of before retired, new ones started for these."""
+        self.retire_all("the manifests were reloaded")
+        self.manifests = {name: m for name, m in manifests.items() if m.warm}
+        self.failures.clear()
+        self.dormant.clear()
+        now = time.monotonic()
+        self.asked = {name: now for name in self.manifests}
+        for name in self.manifests:
+            self._fill_later(name, 0.0)
+        if self.manifests:
+            self.tending = self.loop.at(min(TEND, self.idle), self._tend)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.retire_all("the supervisor stops")
+
+    def asked_for(self, m: Manifest) -> None:
+        """A spawn of m (warm or not): in demand; a drained manifest's warm servers come back."""
+        if m.name in self.manifests:
+            self.asked[m.name] = time.monotonic()
+            if m.name in self.dormant:
+                self.dormant.discard(m.name)
+                self._fill_later(m.name, 0.0)
+
+    def _tend(self) -> None:
+        """Drain the manifests not asked for in `idle` seconds; refill the
+        others (room under the children limit may have come)."""
+        now = time.monotonic()
+        for name in self.manifests:
+            if name in self.dormant:
+                continue
+            if now - self.asked[name] >= self.idle:
+                self.dormant.add(name)
+                for warm in list(self.servers.get(name, [])):
+                    self._discard(warm, f"drained: its manifest was not asked for in {self.idle:g} s", failed=False)
+            else:
+                self._fill_later(name, 0.0)
+        self.tending = self.loop.at(min(TEND, self.idle), self._tend)
+
+    def pids(self) -> dict[str, list[int]]:
+        return {name: [w.session.pid for w in servers if w.ready] for name, servers in self.servers.items() if servers}
+
+    # ---- hand-over ---------------------------------------------------------
+
+    def take(self, m: Manifest, launch: Launch) -> tuple[Warm | None, str]:
+        """A ready warm server that is exactly launch's process, now the
+        caller's to hand over (children.hand_over with warm.pipes), or None
+        and why not. The ones found unfit are discarded on the way."""
+        servers = self.servers.get(m.name, [])
+        for warm in [w for w in servers if w.ready]:
+            why = self._unfit(warm, m, launch)
+            if why is not None:
+                # No backoff: a process of its uid may have done it (renice),
+                # and a request, not the loop, found it: nothing spins.
+                self._discard(warm, why, failed=False)
+                continue
+            self._forget(warm)
+            self.failures.pop(m.name, None)
+            self._fill_later(m.name, 0.0)   # the replacement, off this request's path
+            return warm, ""
+        return None, "no warm server is ready"
+
+    def _unfit(self, warm: Warm, m: Manifest, launch: Launch) -> str | None:
+        w, p = warm.launch.plan, launch.plan
+        if (self.manifests.get(m.name) is not m or warm.launch.confinement is not launch.confinement
+                or (w.program, w.argv, w.env, w.cwd, w.umask) != (p.program, p.argv, p.env, p.cwd, p.umask)):
+            return "it is not what a fresh spawn of its manifest would be now"
+        if warm.session.exited is not None or _readable(warm.pipes[1]):
+            return "it exited or wrote to its stdout before hand-over"
+        assert warm.scheduling is not None
+        return tampered(warm.session.pid, warm.limits, warm.scheduling)
+
+    # ---- starting, ending ----------------------------------------------------
+
+    def _fill_later(self, name: str, delay: float) -> None:
+        if name not in self.fills and not self.stopping:
+            self.fills[name] = self.loop.at(delay, lambda: self._fill(name))
+
+    def _fill(self, name: str) -> None:
+        self.fills.pop(name, None)
+        m = self.manifests.get(name)
+        # Until a failure schedules the next try (the backoff).
+        while (m is not None and not self.stopping and name not in self.fills and name not in self.dormant
+               and len(self.servers.get(name, [])) < m.warm and len(self.children) < self.limits.children):
+            if not self._start(m):
+                self._failed(name)
+                return
+
+    def _start(self, m: Manifest) -> bool:
+        """One more warm server of m; False when it could not be started (logged)."""
+        ours: list[int] = []
+        try:
+            launch = self.launch_of(m)
+            theirs, ours = pipes()
+            session = self.children.start_held(m, launch, theirs)   # closes theirs
+        except Refused as e:
+            protocol.close_all(ours)
+            log(f"{m.name}: no warm server: {e}")
+            return False
+        warm = Warm(session, launch, ours, time.monotonic())
+        self.servers.setdefault(m.name, []).append(warm)
+        self.loop.watch(ours[1], lambda: self._discard(warm, "it wrote to its stdout (or closed it) before "
+                                                             "hand-over"))
+        warm.timer = self.loop.at(m.warm_max_age, lambda: self._discard(
+            warm, f"it was not used within warm_max_age ({m.warm_max_age} s)", failed=False))
+        try:
+            warm.scheduling, warm.limits = self._as_forked(launch)   # the zygote runs now
+        except OSError as e:
+            self._discard(warm, f"what it was forked with cannot be known: {e}")
+        return True
+
+    def _as_forked(self, launch: Launch) -> tuple[Scheduling, dict[int, tuple[int, int]]]:
+        """What a child of the zygote gets: its scheduling (reset on fork)
+        and limits, the manifest's rlimits over them."""
+        zygote = self.zygote_pid()
+        if zygote is None:
+            raise OSError(0, "the zygote is not running")
+        scheduling = as_forked(os.sched_getscheduler(zygote), os.getpriority(os.PRIO_PROCESS, zygote),
+                               frozenset(os.sched_getaffinity(zygote)))
+        limits = _limits_of(zygote)
+        limits.update({res: (soft, hard) for res, soft, hard in launch.confinement.entry.rlimits})
+        return scheduling, limits
+
+    def _held(self, session: Session) -> None:
+        """Children says: a held session exec'd, failed, or ended."""
+        warm = next((w for w in self.servers.get(session.manifest.name, []) if w.session is session), None)
+        if warm is None:
+            return   # discarded already
+        if session.exited is None and session.kill_reason is None and session.errpipe < 0:
+            warm.ready = True
+            return
+        self._discard(warm, "it failed to start" if session.kill_reason == "spawn_failed"
+                      else "it exited before hand-over", failed=time.monotonic() - warm.started < STABLE)
+
+    def _discard(self, warm: Warm, why: str, failed: bool = True) -> None:
+        """Never handed out: logged, ended, replaced (after a backoff if it failed)."""
+        if warm.gone:
+            return   # (its stdout's callback may come in the turn that discarded it)
+        name = warm.session.manifest.name
+        log(f"{name}: warm server {warm.session.pid} discarded: {why}")
+        self._forget(warm)
+        protocol.close_all(warm.pipes)
+        self.children.terminate(warm.session, "discarded")
+        if failed:
+            self._failed(name)
+        else:
+            self._fill_later(name, 0.0)
+
+    def _failed(self, name: str) -> None:
+        failures = self.failures[name] = self.failures.get(name, 0) + 1
+        self._fill_later(name, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1)))
+
+    def _forget(self, warm: Warm) -> None:
+        """No longer one of ours (handed over, or discarded)."""
+        warm.gone = True
+        servers = self.servers.get(warm.session.manifest.name, [])
+        if warm in servers:
+            servers.remove(warm)
+        self.loop.unwatch(warm.pipes[1])
+        if warm.timer is not None:
+            warm.timer.cancel()
+
+    def retire_all(self, why: str) -> None:
+        for name in list(self.servers):
+            for warm in list(self.servers[name]):
+                self._discard(warm, f"retired: {why}", failed=False)
+        for timer in self.fills.values():
+            timer.cancel()
+        self.fills.clear()
+        if self.tending is not None:
+            self.tending.cancel()
+            self.tending = None
+
+
+def _readable(fd: int) -> bool:
+    """Whether a pipe's read end has data or EOF now."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

@@ -1,0 +1,120 @@
+"""Warm servers' pure parts: which manifests may have them, which requests
+they may serve, what counts as tampering (supervisor/warm.py)."""
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+import pytest
+
+from supervisor import warm
+from supervisor.manifest import Manifest, ManifestError, load
+
+DYNAMIC_UID = 1879048198
+INF = resource.RLIM_INFINITY
+
+
+def _load(tmp_path: Path, text: str, as_root: bool = True) -> Manifest:
+    path = tmp_path / "m.yaml"
+    path.write_text("command: /bin/true\n" + text)
+    return load(path, env={}, state_root=str(tmp_path / "state"), as_root=as_root,
+                dynamic_uid=lambda name: DYNAMIC_UID)
+
+
+def test_warm_defaults_to_none(tmp_path: Path) -> None:
+    assert _load(tmp_path, "user: dynamic\n").warm == 0
+    assert _load(tmp_path, "user: dynamic\nwarm: 2\n").warm == 2
+
+
+REFUSED = [
+    ("a terminal", "user: dynamic\nwarm: 1\nterminal: true\n", True, "warm: contradicts `terminal: true`"),
+    ("a group", "user: dynamic\ngroup: users\nwarm: 1\n", True, "warm: contradicts `group:`"),
+    ("a user's own supervisor", "warm: 1\n", False, "warm: needs a root supervisor"),
+    ("too many", "user: dynamic\nwarm: 9\n", True, "warm: expected 0 to 8 servers"),
+    ("negative", "user: dynamic\nwarm: -1\n", True, "warm: expected 0 to 8 servers"),
+    ("a boolean", "user: dynamic\nwarm: true\n", True, "warm: expected an integer"),
+]
+
+
+@pytest.mark.parametrize("case,text,as_root,message", REFUSED, ids=[c[0] for c in REFUSED])
+def test_refused(tmp_path: Path, case: str, text: str, as_root: bool, message: str) -> None:
+    with pytest.raises(ManifestError) as e:
+        _load(tmp_path, text, as_root)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)   # one line
+
+
+UNFIT = [
+    ("the manifest's own process", {}, True, None),
+    ("args: [] is no client arg", {"args": []}, True, None),
+    ("no warm servers", {}, True, "its manifest keeps no warm server"),
+    ("the client's own stdio", {}, False, "the client passed its own stdio"),
+    ("client args", {"args": ["x"]}, True, "the request has client args"),
+    ("client env", {"env": {"GITHUB_TOKEN": "t"}}, True, "the request has a client environment"),
+    ("a cwd, even without args", {"cwd": "/"}, True, "the request has a client cwd"),
+    ("a narrowing, even an empty one", {"narrow": {}}, True, "the request has a narrowing"),
+]
+
+
+@pytest.mark.parametrize("case,request_,pipes,why", UNFIT, ids=[c[0] for c in UNFIT])
+def test_unfit(tmp_path: Path, case: str, request_: dict, pipes: bool, why: str | None) -> None:
+    m = _load(tmp_path, "user: dynamic\n" + ("" if why == "its manifest keeps no warm server" else "warm: 1\n"))
+    assert warm.unfit(m, request_, pipes) == why
+
+
+S = frozenset({0, 1})
+FORKED = [
+    ("normal, kept", os.SCHED_OTHER, 0, warm.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("a nice of 5 kept", os.SCHED_OTHER, 5, warm.Scheduling(os.SCHED_OTHER, 5, S)),
+    ("reset: negative nice", os.SCHED_OTHER | 0x40000000, -5, warm.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("reset: real-time", os.SCHED_FIFO | 0x40000000, 0, warm.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("reset: batch kept", os.SCHED_BATCH | 0x40000000, 3, warm.Scheduling(os.SCHED_BATCH, 3, S)),
+]
+
+
+@pytest.mark.parametrize("case,policy,nice,expected", FORKED, ids=[c[0] for c in FORKED])
+def test_as_forked(case: str, policy: int, nice: int, expected: warm.Scheduling) -> None:
+    assert warm.as_forked(policy, nice, S) == expected
+
+
+LIMITS = [
+    ("as forked", {7: (64, 128)}, None),
+    ("soft raised (node's NOFILE)", {7: (128, 128)}, None),
+    ("soft lowered", {7: (32, 128)}, "its soft limit 7 is 32, below 64"),
+    ("hard lowered", {7: (64, 100)}, "its hard limit 7 is 100, not 128"),
+    ("unlimited soft is no lowering", {7: (INF, 128)}, None),
+]
+
+
+@pytest.mark.parametrize("case,now,why", LIMITS, ids=[c[0] for c in LIMITS])
+def test_limits_tampered(case: str, now: dict, why: str | None) -> None:
+    assert warm.limits_tampered(now, {7: (64, 128)}) == why
+    assert warm.limits_tampered({4: (INF, INF)}, {4: (INF, INF)}) is None
+    assert warm.limits_tampered({4: (1, INF)}, {4: (INF, INF)}) is not None
+
+
+def test_parse_limits() -> None:
+    with open("/proc/self/limits", "rb") as f:
+        limits = warm.parse_limits(f.read())
+    assert sorted(limits) == list(range(16))
+    for res, value in limits.items():
+        assert value == resource.getrlimit(res), res
+
+
+def test_warm_max_age(tmp_path: Path) -> None:
+    assert _load(tmp_path, "user: dynamic\nwarm: 1\n").warm_max_age == 600
+    assert _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 5\n").warm_max_age == 5
+    with pytest.raises(ManifestError, match="warm_max_age: expected 1 to 86400 seconds"):
+        _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 0\n")
+
+
+def test_room() -> None:
+    from supervisor.errors import Code, Refused
+    from supervisor.limits import Limits
+    from supervisor.policy import room
+    limits = Limits(children=2)
+    room(1, limits)
+    with pytest.raises(Refused) as e:
+        room(2, limits)
+    assert e.value.code == Code.TOO_MANY_CHILDREN and "runs 2 children, its limit" in str(e.value)
