@@ -89,28 +89,28 @@ def fd_count(pid: int | str = "self") -> int | None:
         return None  # out of fds: listing them takes one
 
 
-def rss_kib(pid: int | str = "self") -> int | None:
-    """A process's resident set (VmRSS)."""
+def _kib(path: str, field: str) -> int | None:
+    """The kB figure of one `Field:` line of a /proc file; None when the
+    file cannot be read or has no such line."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
-        return None
-    return 0
+        pass
+    return None
+
+
+def rss_kib(pid: int | str = "self") -> int | None:
+    """A process's resident set (VmRSS)."""
+    return _kib(f"/proc/{pid}/status", "VmRSS:")
 
 
 def pss_kib(pid: int) -> int | None:
     """A process's proportional set size (smaps_rollup): what it costs, its
     shared pages divided among their holders; None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
+    return _kib(f"/proc/{pid}/smaps_rollup", "Pss:")
     return None
 
 
