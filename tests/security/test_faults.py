@@ -431,7 +431,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
         return pid, r, gid, None   # zygote.process.Started
     monkeypatch.setattr(supervisor.zygote, "spawn", fake_spawn)
     sent = []
-    monkeypatch.setattr(supervisor.connections, "send", lambda conn, message: sent.append((conn, message["event"])))
+    monkeypatch.setattr(supervisor.connections, "send", lambda conn, message, fds=(): sent.append((conn, message["event"])))
     socks = []
 
     def spawn_on_new_connection():
