@@ -190,13 +190,13 @@ def test_rlimit_flag():
     assert (p.returncode, p.stdout) == (0, "64\n64\n")
 
 
-@pytest.mark.enforcement
 def _as_under_nohup() -> None:
     """What `nohup` leaves (SIGHUP ignored), and a blocked signal besides."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 
+@pytest.mark.enforcement
 @pytest.mark.parametrize("caller", [None, _as_under_nohup], ids=["plain", "nohup"])
 def test_target_gets_default_signal_dispositions(caller):
     """Python ignores SIGPIPE and SIGXFSZ, a caller under nohup SIGHUP, and
