@@ -1,5 +1,6 @@
-"""Warm servers' pure parts: which manifests may have them, which requests
-they may serve, what counts as tampering (supervisor/warm.py)."""
+"""Warm servers' pure parts: which requests they may serve, what counts as
+tampering (supervisor/warm.py); which manifests may have them is in
+tests/unit/test_manifest_keys.py."""
 from __future__ import annotations
 
 import os
@@ -9,40 +10,14 @@ from pathlib import Path
 import pytest
 
 from supervisor import warm
-from supervisor.manifest import Manifest, ManifestError, load
+from manifest_text import load_text as _load
 
-DYNAMIC_UID = 1879048198
 INF = resource.RLIM_INFINITY
-
-
-def _load(tmp_path: Path, text: str, as_root: bool = True) -> Manifest:
-    path = tmp_path / "m.yaml"
-    path.write_text("command: /bin/true\n" + text)
-    return load(path, env={}, state_root=str(tmp_path / "state"), as_root=as_root,
-                dynamic_uid=lambda name: DYNAMIC_UID)
 
 
 def test_warm_defaults_to_none(tmp_path: Path) -> None:
     assert _load(tmp_path, "user: dynamic\n").warm == 0
     assert _load(tmp_path, "user: dynamic\nwarm: 2\n").warm == 2
-
-
-REFUSED = [
-    ("a terminal", "user: dynamic\nwarm: 1\nterminal: true\n", True, "warm: contradicts `terminal: true`"),
-    ("a group", "user: dynamic\ngroup: users\nwarm: 1\n", True, "warm: contradicts `group:`"),
-    ("a user's own supervisor", "warm: 1\n", False, "warm: needs a root supervisor"),
-    ("too many", "user: dynamic\nwarm: 9\n", True, "warm: expected 0 to 8 servers"),
-    ("negative", "user: dynamic\nwarm: -1\n", True, "warm: expected 0 to 8 servers"),
-    ("a boolean", "user: dynamic\nwarm: true\n", True, "warm: expected an integer"),
-]
-
-
-@pytest.mark.parametrize("case,text,as_root,message", REFUSED, ids=[c[0] for c in REFUSED])
-def test_refused(tmp_path: Path, case: str, text: str, as_root: bool, message: str) -> None:
-    with pytest.raises(ManifestError) as e:
-        _load(tmp_path, text, as_root)
-    assert message in str(e.value)
-    assert "\n" not in str(e.value)   # one line
 
 
 UNFIT = [
@@ -103,10 +78,9 @@ def test_parse_limits() -> None:
 
 
 def test_warm_max_age(tmp_path: Path) -> None:
+    """(Its refusals: tests/unit/test_manifest_keys.py.)"""
     assert _load(tmp_path, "user: dynamic\nwarm: 1\n").warm_max_age == 600
     assert _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 5\n").warm_max_age == 5
-    with pytest.raises(ManifestError, match="warm_max_age: expected 1 to 86400 seconds"):
-        _load(tmp_path, "user: dynamic\nwarm: 1\nwarm_max_age: 0\n")
 
 
 def test_room() -> None:

@@ -1,4 +1,6 @@
-"""`groups:`: supplementary groups a root supervisor's server joins to share a project; refused where pointless."""
+"""Manifest keys a root supervisor's servers alone may use, and where each is
+refused: `groups:` (supplementary groups joined to share a project) and
+`warm:` (servers started ahead, supervisor/warm.py)."""
 from __future__ import annotations
 
 import grp
@@ -6,17 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.manifest import Manifest, ManifestError, load
+from manifest_text import DYNAMIC_UID, load_text as _load
+from supervisor.manifest import ManifestError
 
-DYNAMIC_UID = 1879048198
 USERS = grp.getgrnam("users").gr_gid   # a group every Debian system has
-
-
-def _load(tmp_path: Path, text: str, as_root: bool = True) -> Manifest:
-    path = tmp_path / "m.yaml"
-    path.write_text("command: /bin/true\n" + text)
-    return load(path, env={}, state_root=str(tmp_path / "state"), as_root=as_root,
-                dynamic_uid=lambda name: DYNAMIC_UID)
 
 
 def test_joined_besides_the_users_own(tmp_path: Path) -> None:
@@ -36,6 +31,13 @@ REFUSED = [
     ("a gid, not a name", "user: dynamic\ngroups: [100]\n", True, "groups[0]: no such group '100'"),
     ("root's group", "user: dynamic\ngroups: [root]\n", True, "groups[0]: 'root' is gid 0"),
     ("not a list", "user: dynamic\ngroups: users\n", True, "groups: expected a list"),
+    ("warm with a terminal", "user: dynamic\nwarm: 1\nterminal: true\n", True, "warm: contradicts `terminal: true`"),
+    ("warm with a group", "user: dynamic\ngroup: users\nwarm: 1\n", True, "warm: contradicts `group:`"),
+    ("warm under a user's own supervisor", "warm: 1\n", False, "warm: needs a root supervisor"),
+    ("too many warm", "user: dynamic\nwarm: 9\n", True, "warm: expected 0 to 8 servers"),
+    ("negative warm", "user: dynamic\nwarm: -1\n", True, "warm: expected 0 to 8 servers"),
+    ("warm a boolean", "user: dynamic\nwarm: true\n", True, "warm: expected an integer"),
+    ("warm_max_age 0", "user: dynamic\nwarm: 1\nwarm_max_age: 0\n", True, "warm_max_age"),
 ]
 
 
@@ -44,3 +46,4 @@ def test_refused(tmp_path: Path, case: str, text: str, as_root: bool, message: s
     with pytest.raises(ManifestError) as e:
         _load(tmp_path, text, as_root)
     assert message in str(e.value)
+    assert "\n" not in str(e.value)   # one line
