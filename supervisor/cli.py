@@ -353,7 +353,8 @@ def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
 # What every client's environment holds, and a shell's own: not worth a word when not passed.
 _STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
                            "OLDPWD", "PS1", "COLUMNS", "LINES", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
-                           "LANDLOCK_SUPERVISOR_SOCKET"})   # (the last is ours)
+                           # ours, the supervisor's (paths.py, ids.TABLE_ENV):
+                           "LANDLOCK_SUPERVISOR_SOCKET", "LANDLOCK_SUPERVISOR_DYNAMIC_UIDS"})
 _STANDARD_PREFIXES = ("LC_", "XDG_")
 _NAMED = 3   # dropped variables named in the line; the rest counted (all of them with --verbose)
 

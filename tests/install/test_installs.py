@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import ids
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "supervisor"))
 from test_learn import SERVER  # noqa: E402  (the tiny MCP server learn drives)
@@ -178,8 +180,10 @@ def _as(house: House, uid: int) -> As:
     home = Path(tempfile.mkdtemp(prefix=f"home-{uid}-", dir=house.base))
     os.chown(home, uid, uid)
     # An MCP client's environment, as the SDKs start servers: no XDG_RUNTIME_DIR.
+    # And the suite's table of dynamic uids (tests/conftest.py): root's learn and
+    # supervisors here would otherwise take uids in the host's, for good.
     env = {"HOME": str(home), "LOGNAME": "someone", "PATH": "/usr/bin:/bin", "SHELL": "/bin/sh", "TERM": "dumb",
-           "USER": "someone"}
+           "USER": "someone", ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
     return As(uid, home, env)
 
 

@@ -27,7 +27,10 @@ from landlock import audit
 from supervisor import procfs
 from supervisor.audit import CANARY_DIR
 
-pytestmark = [pytest.mark.enforcement, pytest.mark.audit]
+# Not `enforcement`: host_audit skips where denials cannot be seen (before
+# 6.15, outside the initial network namespace), a machine setting that
+# tests/security/conftest.py's ALLOWED_SKIPS admits (as test_audit.py).
+pytestmark = [pytest.mark.audit]
 ATTACKER = HERE / "foreign_domain.py"
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 

@@ -39,6 +39,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # e2ehelpers, any import mode
 from e2ehelpers import EXAMPLES, REPO, SERVERS, seed_caches, seed_world, stop_supervisor, tail  # noqa: E402
 
+from supervisor import ids  # noqa: E402
+
 CLIENTS = REPO / ".clients"
 SUPERVISOR = REPO / ".venv" / "bin" / "landlock-supervisor"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -147,10 +149,12 @@ class Identity:
                 os.chown(self.runtime, self.uid, self.uid)
 
     def client_env(self, path: str = PATH) -> dict[str, str]:
-        """What an MCP client gives its servers (besides the config's env)."""
+        """What an MCP client gives its servers (besides the config's env); and
+        the suite's table of dynamic uids (tests/conftest.py), else a root
+        supervisor here takes uids in the host's table, for good."""
         user = "root" if self.uid == 0 else f"llsv-client-{self.uid}"
         return {"HOME": str(self.home), "LOGNAME": user, "PATH": path, "SHELL": "/bin/sh",
-                "TERM": "xterm-256color", "USER": user}
+                "TERM": "xterm-256color", "USER": user, ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
 
     def server_env(self) -> dict[str, str]:
         """The variables the example manifests read at load time (the daemon's
