@@ -207,10 +207,16 @@ def make_canary_root(directory: str) -> str:
             os.mkdir(path, 0o711)
         except FileExistsError:
             pass
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(errno.EPERM, f"{path}: not a directory of ours")
-        os.chmod(path, 0o711, follow_symlinks=False)
+        try:   # (no lchmod before glibc 2.32: the directory's own fd)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise OSError(errno.EPERM, f"{path}: not a directory of ours") from None
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise OSError(errno.EPERM, f"{path}: not a directory of ours")
+            os.fchmod(fd, 0o711)
+        finally:
+            os.close(fd)
     return root
 
 
@@ -405,12 +411,14 @@ class Visibility:
             return False
         if self.reader.busy:   # records flow: audit is on (and asking could make the loop wait)
             self.reader.busy = False
-            return True
-        status = self.reader.status()
-        if status is None:
-            return True
-        if bool(self.blind) != (status.enabled == 0):
-            if status.enabled == 0:
+            enabled = True
+        else:
+            status = self.reader.status()
+            if status is None:
+                return True
+            enabled = status.enabled != 0
+        if bool(self.blind) == enabled:   # (a host's steady records must not keep it "off")
+            if not enabled:
                 self.blind = (f"audit was switched off on this host at {time.strftime('%H:%M:%S')} by another "
                               f"process: denials are not seen (the mode was {self.mode.name})")
                 self._say(f"denials: not visible any more: {self.blind}")

@@ -99,13 +99,21 @@ def hold(wanted: dict[str, int], directory: str = DIRECTORY) -> dict[str, int]:
     changed: dict[str, int] = {}
     with Record(directory) as record:
         status = audit.status()._asdict()
-        for name, value in wanted.items():
-            if (status[name] == value or (name == "backlog_limit" and status[name] >= value)
-                    or (name == "backlog_wait_time" and status[name] <= value)):
-                continue
-            audit.set_status(**{name: value})
+        try:
+            for name, value in wanted.items():
+                if (status[name] == value or (name == "backlog_limit" and status[name] >= value)
+                        or (name == "backlog_wait_time" and status[name] <= value)):
+                    continue
+                audit.set_status(**{name: value})
+                changed[name] = value
+        except OSError:
+            # Nothing half-held: no holder is recorded for a failed call, so
+            # what it changed goes back now (nobody else would put it back).
+            for name in changed:
+                audit.set_status(**{name: status[name]})
+            raise
+        for name in changed:
             record.before.setdefault(name, status[name])
-            changed[name] = value
         record.holders.append(_me())
     return changed
 

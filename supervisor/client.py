@@ -59,7 +59,7 @@ class Child(core.ChildState):
         known by then, if it did not come or the connection closed)."""
         try:
             return _run(self._settle(), timeout)
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, SupervisorError):   # (a malformed reply: what it knew)
             return self.denial_counts
 
     def poll(self) -> int | None:
