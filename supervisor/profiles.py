@@ -97,16 +97,19 @@ def _program(name: str, env: Mapping[str, str]) -> str | None:
 
 
 def regular_file(path: str) -> BinaryIO:
-    """path opened for reading, if a regular file: a FIFO (a server can make
-    one and exec it, or name it as a program) would block the reader."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """path opened for reading, if a regular file. Its type is known before
+    it is opened for reading: a server can name anything as a program or in
+    a `#!` line, and learn (unconfined, maybe root) must never open a FIFO
+    (it would block) or a device (a watchdog's open arms it, a tape's
+    rewinds). O_PATH opens nothing; the reopen through /proc/self/fd is of
+    that very inode."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        return os.fdopen(fd, "rb")
-    except BaseException:
+        return open(f"/proc/self/fd/{fd}", "rb")
+    finally:
         os.close(fd)
-        raise
 
 
 def shebang(path: str) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
 from collections.abc import Mapping
 
@@ -44,6 +45,13 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def chain(program: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
     """(file, why) for every file execve(program) makes the kernel execute
     besides program itself, and the program `env NAME` runs (env's own exec,
@@ -57,6 +65,8 @@ def chain(program: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
             break
         words = shebang(current)
         if not words:
+            break
+        if not _regular(words[0]):   # the kernel executes regular files only: a device there is no grant
             break
         out.append((words[0], f"the #! line of {current}"))
         if os.path.basename(words[0]) == "env":
