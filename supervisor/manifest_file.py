@@ -25,7 +25,7 @@ MAX_MANIFEST_BYTES = 256 * 1024
 _KEPT_BYTES = 8 * MAX_MANIFEST_BYTES   # an entry: the text and its document, JSON-escaped
 _KEPT_ENTRIES = 256                    # the least recently written go (one per manifest path ever parsed)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")   # what the loader expands (learn/names.py too)
 
 
 class ManifestError(ValueError):
@@ -202,7 +202,7 @@ class Expander:
             if m.group(1) not in self.env:
                 self.reader.fail(key, f"${{{m.group(1)}}} is not set in the supervisor's environment")
             return self.env[m.group(1)]
-        text = _VAR.sub(sub, text)
+        text = VARIABLE.sub(sub, text)
         if text == "~" or text.startswith("~/"):
             home = self.env.get("HOME")
             if not home:
@@ -215,7 +215,7 @@ class Expander:
         unset: dict[str, str] = {}
         used = set()
         for key, text in texts:
-            for var in _VAR.findall(text) if isinstance(text, str) else ():
+            for var in VARIABLE.findall(text) if isinstance(text, str) else ():
                 used.add(var)
                 if var not in self.env and var not in known:
                     unset.setdefault(var, key)

@@ -36,7 +36,7 @@ SYSTEM_DIRECTORIES = frozenset({
     "/var/lib", "/var/cache", "/var/log", "/var/spool", "/var/mail", "/var/run", "/run/user", "/dev/shm"})
 _HOME_TOOL_PARENTS = (".cache", ".config", ".local/share", ".local/lib", ".local/state")
 _EVIDENCE = 2        # examples kept per grant
-UNNAMEABLE = "no manifest can name it exactly (its name is no UTF-8)"
+UNNAMEABLE = "no manifest can name it exactly (its name is no UTF-8, or holds ${...}, which the loader expands)"
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def optional(a: Access, layout: Layout) -> str | None:
 
 
 def _want(p: Proposal, wants: dict[str, Grant], path: str, rights: set[str], reason: str, a: Access) -> None:
-    if not nameable(path):
+    if path != STATE_DIR and not nameable(path):   # (${STATE_DIR}: ours, for the loader to expand)
         p.refused.setdefault(f"{a.kind} {a.path}", UNNAMEABLE)
         return
     g = wants.setdefault(path, Grant(path, set(), reason))

@@ -120,7 +120,7 @@ def _payload(canary: Path, br: str) -> bytes:
 
 def hostile_names(canary: Path) -> list[bytes]:
     return [b"nl\nx", b"cr\rx", "nel\u0085x".encode(), "ls\u2028x".encode(), "ps\u2029x".encode(), b'dq"x',
-            b"sq'x", b"#x", b"c: x", b"- x", b"{x", b"*x", b"&x", b"\x1b[31mesc\x1b]0;t\x07", b"bad\xffutf8",
+            b"sq'x", b"#x", b"c: x", b"- x", b"{x", b"*x", b"&x", b"${HOME}x", b"\x1b[31mesc\x1b]0;t\x07", b"bad\xffutf8",
             *(_payload(canary, br) for br in ("\n", "\r", "\u0085", "\u2028", "\u2029"))]
 
 
@@ -191,8 +191,11 @@ def test_file_names_the_server_chose_stay_one_token(world: World) -> None:
     for name in names:
         path = os.path.join(str(world.readable), os.fsdecode(name))
         try:
+            nameable = b"${" not in name   # (the loader would expand it)
             name.decode()
         except UnicodeDecodeError:
+            nameable = False
+        if not nameable:
             assert path not in granted and any(path in key for key in got["refused"]), got["refused"]
             continue
         assert path in granted, f"{name!r}: not granted as itself: {granted}"

@@ -174,6 +174,8 @@ def test_a_write_path_inside_an_excluded_home_is_granted_as_given() -> None:
     ("/x\ny", True), ("/x\ry", True), ("/x\u0085y", True), ("/x\u2028y\u2029", True), ("/x\x1b[2Jy", True),
     ("/x\ty\x00", True), ("/caf\u00e9/\U0001f600", True), ("/x\ufeff\ufffe", True),
     ("/bad\udcff", False), ("/bad\ud800", False),
+    # The loader would expand these: another path, or a manifest that does not load.
+    ("/tmp/${HOME}", False), ("/x/${STATE_DIR}/y", False), ("/tmp/$HOME", True), ("/tmp/${}", True),
 ])
 def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
     """names.writable: the JSON-quoted scalar parses back to exactly the path."""
