@@ -12,6 +12,8 @@ file the server could not read, which the supervisor never hands over to
 it (state._reown): it is linked, not copied, so the copy is that same file
 (uv's cache links its files); where it cannot be (another file system),
 only the server's own is copied. Modes are copied without the set-id bits.
+What is copied is bounded (MAX_BYTES, by the files' sizes): a sparse file
+costs its server nothing and would cost learn, as root, its size in full.
 """
 from __future__ import annotations
 
@@ -25,6 +27,21 @@ _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MODE = 0o777   # never set-uid, set-gid: the copy is learn's (root's) until the supervisor hands it over
 MAX_DEPTH = 64
+MAX_BYTES = 8 << 30
+
+
+class _Budget:
+    """What is left to copy, in bytes."""
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_BYTES
+
+    def take(self, size: int, name: str) -> None:
+        self.left -= size
+        if self.left < 0:
+            raise OSError(errno.EFBIG, f"the server's area holds over {MAX_BYTES >> 30} GiB of files "
+                          "(sparse ones counted in full): learn copies no more of it", name)
 
 
 def copy(src: str, dst: str, owner: int) -> bool:
@@ -38,7 +55,7 @@ def copy(src: str, dst: str, owner: int) -> bool:
         os.mkdir(dst, 0o700)
         to_fd = os.open(dst, _DIR)
         try:
-            _tree(from_fd, to_fd, owner, 0)
+            _tree(from_fd, to_fd, owner, 0, _Budget())
         finally:
             os.close(to_fd)
     finally:
@@ -46,16 +63,16 @@ def copy(src: str, dst: str, owner: int) -> bool:
     return True
 
 
-def _tree(src: int, dst: int, owner: int, depth: int) -> None:
+def _tree(src: int, dst: int, owner: int, depth: int, budget: _Budget) -> None:
     if depth > MAX_DEPTH:
         return
     for name in os.listdir(src):
         try:
             st = os.stat(name, dir_fd=src, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                _directory(src, dst, name, owner, depth)
+                _directory(src, dst, name, owner, depth, budget)
             elif stat.S_ISREG(st.st_mode):
-                _file(src, dst, name, owner)
+                _file(src, dst, name, owner, budget)
             elif stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
         except OSError as e:
@@ -64,13 +81,13 @@ def _tree(src: int, dst: int, owner: int, depth: int) -> None:
             # Gone meanwhile, or swapped for a link or another kind: left out.
 
 
-def _directory(src: int, dst: int, name: str, owner: int, depth: int) -> None:
+def _directory(src: int, dst: int, name: str, owner: int, depth: int, budget: _Budget) -> None:
     from_fd = os.open(name, _DIR, dir_fd=src)   # ELOOP/ENOTDIR if swapped for a link meanwhile
     try:
         os.mkdir(name, 0o700, dir_fd=dst)
         to_fd = os.open(name, _DIR, dir_fd=dst)
         try:
-            _tree(from_fd, to_fd, owner, depth + 1)
+            _tree(from_fd, to_fd, owner, depth + 1, budget)
             os.fchmod(to_fd, os.fstat(from_fd).st_mode & _MODE)
         finally:
             os.close(to_fd)
@@ -78,7 +95,7 @@ def _directory(src: int, dst: int, name: str, owner: int, depth: int) -> None:
         os.close(from_fd)
 
 
-def _file(src: int, dst: int, name: str, owner: int) -> None:
+def _file(src: int, dst: int, name: str, owner: int, budget: _Budget) -> None:
     from_fd = os.open(name, _FILE, dir_fd=src)
     try:
         st = os.fstat(from_fd)
@@ -91,6 +108,7 @@ def _file(src: int, dst: int, name: str, owner: int) -> None:
             except OSError:
                 if st.st_uid != owner:
                     return
+        budget.take(st.st_size, name)
         to_fd = os.open(name, _NEW, 0o600, dir_fd=dst)
         with open(from_fd, "rb", closefd=False) as r, open(to_fd, "wb") as w:
             shutil.copyfileobj(r, w)

@@ -114,7 +114,11 @@ class Learner:
         os.mkdir(self.private, 0o700)
         self.area = os.path.join(self.state_root, "servers", self.name)
         self.state_dir = os.path.join(self.area, "state")
-        self.uid, self.gids = self._identity()
+        try:
+            self.uid, self.gids = self._identity()
+        except OSError as e:   # (the server's area: too large, unreadable): one line, no scratch left
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise LearnError(f"{self.name}: its state cannot be copied for learning: {e}") from None
         self.accesses: list[Access] = []
         self.rounds: list[report.Round] = []
         self.held: list[Access] = []        # the denials of a run a call timed out in: listed, not granted

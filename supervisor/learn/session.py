@@ -104,15 +104,17 @@ def outcome(method: str, tool: str, reply: dict[str, Any]) -> Outcome:
     failure, with the server's own message (the caller escapes it)."""
     if "error" in reply:
         error = reply["error"] if isinstance(reply["error"], dict) else {}
-        return Outcome(method, False, f"error {error.get('code')}: {error.get('message')}", RPC_ERROR, tool)
+        return Outcome(method, False, f"error {error.get('code')}: {error.get('message')}"[:300], RPC_ERROR, tool)
     result = reply.get("result")
     if not isinstance(result, dict):
         return Outcome(method, True, "", "", tool)
     if method == "tools/call" and result.get("isError"):
-        texts = [str(c.get("text", "")) for c in result.get("content") or [] if isinstance(c, dict)]
+        content = result.get("content")   # (the server's: any shape)
+        texts = [str(c.get("text", "")) for c in content if isinstance(c, dict)] if isinstance(content, list) else []
         return Outcome(method, False, " ".join(texts)[:300] or "(no message)", TOOL_ERROR, tool)
     if method == "tools/list":
-        return Outcome(method, True, f"{len(result.get('tools') or [])} tools", "", tool)
+        tools = result.get("tools")
+        return Outcome(method, True, f"{len(tools) if isinstance(tools, list) else 0} tools", "", tool)
     return Outcome(method, True, "", "", tool)
 
 

@@ -207,8 +207,9 @@ class Task:
 
     def _accesses(self, call: Call) -> Iterator[Access]:
         name, ok = call.name, call.errno is None
-        if name in _CLONES and ok and call.result.split()[0].isdigit():
-            self.children[call.result.split()[0]] = self.program
+        child = call.result.split(maxsplit=1)[:1]   # (a forged line may have no result at all)
+        if name in _CLONES and ok and child and child[0].isdigit():
+            self.children[child[0]] = self.program
         if name in ("connect", "bind") and not ok and call.errno not in DENIED:
             ok = True   # EINPROGRESS, ECONNREFUSED, EADDRINUSE: Landlock let it through
         if not ok and call.errno not in DENIED:

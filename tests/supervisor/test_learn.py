@@ -267,6 +267,20 @@ def test_the_area_is_copied_without_following_a_link(tmp_path, monkeypatch) -> N
     assert not (tmp_path / "none").exists()
 
 
+def test_the_area_copied_is_bounded(tmp_path, monkeypatch) -> None:
+    """A sparse file costs its server nothing and would cost learn its size
+    in full: past MAX_BYTES the copy stops with one clear error."""
+    from supervisor.learn import area
+    src = tmp_path / "area" / "state"
+    src.mkdir(parents=True)
+    with open(src / "sparse", "wb") as f:
+        f.truncate(2 << 20)
+    monkeypatch.setattr(area, "MAX_BYTES", 1 << 20)
+    with pytest.raises(OSError, match="learn copies no more of it"):
+        area.copy(str(tmp_path / "area"), str(tmp_path / "copy"), 64123)
+    assert not (tmp_path / "copy" / "state" / "sparse").exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the dynamic user's trace directories are chowned as root")
 def test_trace_directories_are_made_in_roots_scratch(lab) -> None:
     """The chown of a trace directory is safe because the scratch directory

@@ -288,3 +288,17 @@ def test_the_invoking_users_home_is_theirs(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     whys = {e.path: e.why for e in excluded(None, [], [])}
     assert whys[str(tmp_path)] == "the home of the user running learn"
+
+
+@pytest.mark.parametrize("method,reply,ok,detail", [
+    ("tools/call", {"result": {"isError": True, "content": 5}}, False, "(no message)"),
+    ("tools/call", {"result": {"isError": True, "content": [{"text": "no"}, 7]}}, False, "no"),
+    ("tools/list", {"result": {"tools": 7}}, True, "0 tools"),
+    ("tools/list", {"result": {"tools": [{}, {}]}}, True, "2 tools"),
+    ("ping", {"error": {"code": 1, "message": "m" * 100000}}, False, "error 1: " + "m" * 291),
+])
+def test_a_reply_of_any_shape_is_judged_never_a_traceback(method: str, reply: dict, ok: bool, detail: str) -> None:
+    """session.outcome: what the server sent is the server's, any shape; its message is bounded."""
+    from supervisor.learn.session import outcome
+    got = outcome(method, "t", reply)
+    assert (got.ok, got.detail) == (ok, detail)
