@@ -44,13 +44,17 @@ def _locked(socket_path: str) -> int:
     tell a supervisor on another host sharing the directory from a stale
     socket; its lock it can)."""
     path = socket_path + ".lock"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:   # (O_NONBLOCK: a FIFO planted there must not hang the start)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise SystemExit(f"landlock-supervisor: cannot open the lock file {path}: {e.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise SystemExit(f"landlock-supervisor: {path} exists and is not a regular file")
+        if st.st_uid != os.geteuid():   # someone else's, who could hold it locked for ever
+            raise SystemExit(f"landlock-supervisor: {path} belongs to uid {st.st_uid}, not to this supervisor's: "
+                             "remove it, or give --socket a path in a directory of yours")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)

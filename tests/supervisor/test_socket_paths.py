@@ -293,3 +293,27 @@ def test_private_mode_loads_what_it_runs(lab):
     assert len(lines) == 1 and "NOT_SET_ANYWHERE" in lines[0] and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([*argv, "missing"], cwd=REPO, capture_output=True, text=True, timeout=20, env=CLIENT_ENV)
     assert r.returncode == 2 and "no manifest named 'missing'" in r.stderr and "Traceback" not in r.stderr, r
+
+
+@pytest.mark.timeout(30)
+@needs_root
+@pytest.mark.parametrize("kind", ["fifo", "another uid's"])
+def test_a_lock_file_someone_else_made_is_one_line(lab, kind):
+    """A FIFO planted as the lock file hung serve for ever (its open
+    blocked); one of another uid, held locked by it, would keep serve off
+    that socket for good: each is refused at once, in one line."""
+    lab.stock()
+    path = lab.dir / "shared" / "socket"
+    path.parent.mkdir(mode=0o755)
+    lock = str(path) + ".lock"
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        with open(lock, "w"):
+            pass
+        os.chown(lock, USER_UID, USER_UID)
+    sv = lab.supervisor(socket_path=path)
+    with pytest.raises(AssertionError) as e:
+        sv.start(timeout=10)
+    sv.stopped = True   # it never ran
+    assert ("is not a regular file" if kind == "fifo" else f"belongs to uid {USER_UID}") in str(e.value), e.value
