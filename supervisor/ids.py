@@ -104,8 +104,8 @@ def host_table() -> str:
 def key_root(state_root: str) -> str:
     """A state root as the table names it: one name for one directory."""
     root = os.path.realpath(state_root)
-    if "\n" in root:
-        raise IdError(f"state root {root!r}: a newline in its path")
+    if not root.isprintable():   # (a line break of any kind would split the table's line)
+        raise IdError(f"state root {root!r}: a control character or line break in its path")
     return root
 
 
@@ -152,9 +152,10 @@ class Table:
         self.root, self.uids = key_root(state_root), uids
         self.path = path or host_table()
         self.directory, self.name = os.path.split(self.path)
-        # Earlier versions' tables: this state root's, and the default one's
-        # (its daemon may not have restarted yet: its uids stay its own).
-        self.old = {r: os.path.join(r, OLD_TABLE) for r in dict.fromkeys((self.root, key_root(ROOT_STATE)))}
+        # Earlier versions' tables: the default state root's first (its
+        # daemon may not have restarted yet: its uids stay its own, whoever
+        # carries them in), then this one's.
+        self.old = {r: os.path.join(r, OLD_TABLE) for r in dict.fromkeys((key_root(ROOT_STATE), self.root))}
 
     def peek(self, name: str) -> tuple[int, bool]:
         """(uid, recorded): the uid the manifest has, or the one assign() would give."""
@@ -248,7 +249,9 @@ def _text(open_it: Callable[[], int], path: str) -> str | None:
 
 
 def _lines(text: str | None, path: str, pattern: re.Pattern[str], form: str) -> Iterator[re.Match[str]]:
-    for number, line in enumerate((text or "").splitlines(), 1):
+    # Lines end at "\n" alone (not at splitlines' \r, \x85, U+2028...: a state
+    # root's path may hold them, and must not split its own line).
+    for number, line in enumerate(text.removesuffix("\n").split("\n") if text else [], 1):
         m = pattern.match(line)
         if not m or not 0 < int(m.group("uid")) <= MAX_ID:
             raise IdError(f"{path}:{number}: expected `{form}` (a uid from 1 to {MAX_ID}), got {line[:100]!r}")
@@ -277,9 +280,10 @@ def _distinct(pairs: list[tuple[Any, int]], path: str) -> dict[Any, int]:
 
 
 def _write(directory: int, name: str, table: Mapping[Key, int]) -> None:
-    """The whole table, atomically: a temp file of an unpredictable name, renamed over it."""
+    """The whole table, atomically: a temp file of an unpredictable name, renamed over it;
+    root's alone to read (it names every state root and manifest of the host)."""
     tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
     try:
         try:
             os.write(fd, "".join(f"{uid} {n} {root}\n" for (root, n), uid in sorted(

@@ -55,3 +55,16 @@ def test_the_clis_copies_of_the_defaults_are_the_same():
     from supervisor import cli
     assert (cli.DEFAULT_DYNAMIC_UIDS, cli.DEFAULT_SESSION_GIDS, cli.HOST_TABLE) == (
         ids.DEFAULT_DYNAMIC_UIDS, ids.DEFAULT_SESSION_GIDS, ids.HOST_TABLE)
+
+
+def test_the_default_state_roots_earlier_table_is_carried_first(tmp_path):
+    """A clash of uids between an earlier table of the default state root
+    and another's: the default daemon's keeps its uid (its state is owned by it)."""
+    table = ids.Table(str(tmp_path / "other"), path=str(tmp_path / "host" / "dynamic-uids"))
+    assert list(table.old) == [ids.key_root(ids.ROOT_STATE), str(tmp_path / "other")]
+
+
+@pytest.mark.parametrize("root", ["/srv/a\rb", "/srv/a\x85b", "/srv/a\u2028b", "/srv/a\x1bb"])
+def test_a_state_root_that_would_split_its_line_is_refused(root):
+    with pytest.raises(ids.IdError, match="control character or line break"):
+        ids.key_root(root)
