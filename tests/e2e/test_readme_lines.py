@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import ids
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))
 from clienthelpers import free_uid  # noqa: E402
 from e2ehelpers import REPO, servers_problem  # noqa: E402
@@ -143,7 +145,9 @@ class Shell:
         user = "root" if self.uid == 0 else f"llsv-readme-{self.uid}"
         return {"HOME": str(self.home), "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "TERM": "dumb",
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "LANDLOCK_SUPERVISOR_SOCKET": str(self.socket)}
+                "LANDLOCK_SUPERVISOR_SOCKET": str(self.socket),
+                # The suite's uid table (tests/conftest.py), never the host's for good.
+                ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
 
     def run(self, commands: list[str], timeout: float) -> tuple[dict[int, int], str]:
         """Each command's status (by index), and what the shell wrote."""
