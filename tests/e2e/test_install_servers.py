@@ -27,9 +27,15 @@ def registry() -> Iterator[socket.socket]:
         s.close()
 
 
+# A host's proxy would take npm's request elsewhere than the local port.
+_WITHOUT_PROXY = {k: v for k, v in os.environ.items()
+                  if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "npm_config_proxy",
+                                       "npm_config_https_proxy")}
+
+
 def _install(tmp_path: Path, port: int, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(REPO / "scripts" / "install-servers"), str(tmp_path / "servers")], cwd=REPO,
-                          env={**os.environ, "npm_config_registry": f"http://127.0.0.1:{port}/", **env},
+                          env={**_WITHOUT_PROXY, "npm_config_registry": f"http://127.0.0.1:{port}/", **env},
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
 
 
