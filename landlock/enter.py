@@ -159,15 +159,27 @@ def reset_scheduling() -> None:
     reset_io_priority()
 
 
-def reset_io_priority() -> None:
-    """Only the I/O class: SCHED_RESET_ON_FORK does the rest for a fork-server's
-    children, but leaves their I/O priority as it was."""
+def io_priority_after_reset(ioprio: int) -> int:
+    """What reset_io_priority leaves of an I/O priority. Pure."""
+    return _BEST_EFFORT_DEFAULT if ioprio >> syscalls.IOPRIO_CLASS_SHIFT == syscalls.IOPRIO_CLASS_RT else ioprio
+
+
+def io_priority_of(pid: int = 0) -> int:
+    """A process's I/O priority; -1 where the kernel has none to give."""
     try:
-        if syscalls.ioprio_get() >> syscalls.IOPRIO_CLASS_SHIFT == syscalls.IOPRIO_CLASS_RT:
-            syscalls.ioprio_set(_BEST_EFFORT_DEFAULT)
+        return syscalls.ioprio_get(pid)
     except OSError as e:
         if e.errno not in _NO_IOPRIO:
             raise
+        return -1
+
+
+def reset_io_priority() -> None:
+    """Only the I/O class: SCHED_RESET_ON_FORK does the rest for a fork-server's
+    children, but leaves their I/O priority as it was."""
+    ioprio = io_priority_of()
+    if ioprio != io_priority_after_reset(ioprio):
+        syscalls.ioprio_set(_BEST_EFFORT_DEFAULT)
 
 
 # The steps that confine a process, in order, for both of its paths: a

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from landlock import enter
+
 from . import protocol
 from .children import Children, Session
 from .errors import Code, Refused
@@ -88,21 +90,24 @@ class Scheduling:
     policy: int
     nice: int
     affinity: frozenset[int]
+    ioprio: int = -1   # (ioprio_set checks uids only, as renice does)
 
 
-def as_forked(policy: int, nice: int, affinity: frozenset[int]) -> Scheduling:
+def as_forked(policy: int, nice: int, affinity: frozenset[int], ioprio: int = -1) -> Scheduling:
     """A child's scheduling, forked by a zygote with these: its
     SCHED_RESET_ON_FORK makes a real-time or deadline policy SCHED_OTHER
-    and a negative nice 0 (zygote.main._reset_scheduling)."""
+    and a negative nice 0 (zygote.main._reset_scheduling); the child's
+    own steps make a real-time I/O class best-effort (enter.reset_io_priority)."""
+    ioprio = enter.io_priority_after_reset(ioprio) if ioprio >= 0 else ioprio
     if not policy & _SCHED_RESET_ON_FORK:
-        return Scheduling(policy, nice, affinity)
+        return Scheduling(policy, nice, affinity, ioprio)
     policy &= ~_SCHED_RESET_ON_FORK
-    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity)
+    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity, ioprio)
 
 
 def scheduling_of(pid: int) -> Scheduling:
     return Scheduling(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid),
-                      frozenset(os.sched_getaffinity(pid)))
+                      frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid))
 
 
 def _below(soft: int, floor: int) -> bool:
@@ -312,8 +317,8 @@ class WarmServers:
         zygote = self.zygote_pid()
         if zygote is None:
             raise OSError(0, "the zygote is not running")
-        scheduling = as_forked(os.sched_getscheduler(zygote), os.getpriority(os.PRIO_PROCESS, zygote),
-                               frozenset(os.sched_getaffinity(zygote)))
+        scheduling = scheduling_of(zygote)
+        scheduling = as_forked(scheduling.policy, scheduling.nice, scheduling.affinity, scheduling.ioprio)
         limits = _limits_of(zygote)
         limits.update({res: (soft, hard) for res, soft, hard in launch.confinement.entry.rlimits})
         return scheduling, limits

@@ -226,6 +226,21 @@ def test_a_server_that_writes_to_stdout_before_its_hand_over_is_discarded(lab):
 
 
 @pytest.mark.timeout(60)
+def test_a_warm_server_put_on_idle_io_is_discarded_at_hand_over(warm):
+    """ioprio_set checks uids only: another session of its uid can put a
+    spare on the idle I/O class; it is not handed over so."""
+    from landlock import syscalls
+    sv = warm
+    [server] = _warm(sv, "wsh")
+    syscalls.ioprio_set(3 << syscalls.IOPRIO_CLASS_SHIFT, server)   # IOPRIO_CLASS_IDLE
+    child = sv.client.spawn("wsh", stdio="pipes")
+    assert child.pid != server and not child.warm, child.pid
+    assert "discarded: its scheduling is" in sv.log()
+    child.kill()
+    child.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_reniced_warm_server_is_discarded_at_hand_over(warm):
     sv = warm
     [server] = _warm(sv, "wsh")

@@ -92,3 +92,10 @@ def test_room() -> None:
     with pytest.raises(Refused) as e:
         room(2, limits)
     assert e.value.code == Code.TOO_MANY_CHILDREN and "runs 2 children, its limit" in str(e.value)
+
+
+@pytest.mark.parametrize("ioprio,expected", [(-1, -1), (2 << 13 | 4, 2 << 13 | 4), (3 << 13, 3 << 13),
+                                             (1 << 13 | 0, 2 << 13 | 4)])
+def test_as_forked_io_priority(ioprio: int, expected: int) -> None:
+    """A real-time I/O class becomes best-effort 4 in the child (enter.reset_io_priority); others stay."""
+    assert warm.as_forked(os.SCHED_OTHER, 0, frozenset({0}), ioprio).ioprio == expected
