@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from landlock import enter
 
-from . import protocol
+from . import procfs, protocol
 from .children import Children, Session
 from .errors import Code, Refused
 from .limits import Limits
@@ -148,11 +148,10 @@ def _limits_of(pid: int) -> dict[int, tuple[int, int]]:
 def tampered(pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> str | None:
     """Why the server pid is not as it was forked, or None; any failure to
     look is a reason."""
+    state = procfs.state(pid)
+    if state in (None, "T", "t", "Z", "X"):
+        return f"it is in state {state or 'gone'} (stopped, traced or dead)"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0]
-        if state in (b"T", b"t", b"Z", b"X"):
-            return f"it is in state {state.decode()} (stopped, traced or dead)"
         why = limits_tampered(_limits_of(pid), limits)
         now = scheduling_of(pid)
     except (OSError, IndexError, ValueError) as e:
