@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..refusal import known, why_not
 from ..secrets import within
 from . import temporary as temporaries
 from .exclude import Excluded, refusal
@@ -274,18 +275,14 @@ def tree(path: str, kind: str, layout: Layout) -> tuple[str, str]:
 
 
 def _unsafe(path: str, layout: Layout) -> str | None:
-    """Why `path` must not be granted, however it was reached."""
-    if path == "/":
-        return "the whole file system"
-    if path in layout.homes or path == layout.home:
-        return "a whole home directory"
+    """Why `path` must not be granted, however it was reached: the one
+    refusal table (supervisor/refusal.py, as for the denial lines), then
+    what this learning excluded."""
+    table = known((*layout.homes, layout.home), ())
     inside = next((e for e in layout.excluded if within(e.path, path)), None)
-    if inside:
+    if inside and path != "/" and path not in table.homes:   # (what it holds, named: more than the table says)
         return f"a directory holding {inside.path}, {inside.why}"
-    home = next((h for h in (*layout.homes, layout.home or "/") if h != "/" and within(h, path)), None)
-    if home:
-        return f"a directory holding the home directory {home}"
-    return refusal(path, layout.excluded)
+    return why_not(path, table) or refusal(path, layout.excluded)
 
 
 def _upgrade(wants: dict[str, Grant]) -> list[Grant]:

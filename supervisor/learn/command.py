@@ -56,7 +56,7 @@ def _fail(code: int, message: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """The options checked, then the rounds (run)."""
-    from .. import secrets
+    from .. import refusal
     from . import exclude, learner
     from .session import SessionFileError, requests
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -76,14 +76,13 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, SessionFileError) as e:
         return _fail(learner.EXIT_USAGE, f"learn: {e}")
     writes = []
-    homes = tuple(exclude.homes(None))
+    table = refusal.known(exclude.homes(None), ())
     for path in args.write:
         # What the user gives explicitly may be inside a home, never a home
-        # (nor a directory holding one) or a location holding secrets.
+        # (nor a directory holding one) or a location holding secrets: the
+        # one refusal table, as for what learn proposes.
         real = os.path.realpath(path)
-        why = ("never /" if real == "/" else
-               "a home directory, or a directory holding one" if any(secrets.within(h, real) for h in homes)
-               else "a location holding secrets" if secrets.secret(real) else None)
+        why = refusal.why_not(real, table)
         if why:
             return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why})")
         writes.append(real)

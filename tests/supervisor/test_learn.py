@@ -157,8 +157,9 @@ def test_learn_runs_the_server_as_the_uid_serve_will_give_it(lab, tiny, kept) ->
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--write", "/", "--", "/usr/bin/true"], "never /"),
-    (["--write", "/root", "--", "/usr/bin/true"], "a home directory, or a directory holding one"),
+    (["--write", "/", "--", "/usr/bin/true"], "the whole filesystem"),
+    (["--write", "/root", "--", "/usr/bin/true"], "a whole home directory"),
+    (["--write", "/home", "--", "/usr/bin/true"], "a directory holding home directories"),
     (["--write", "/root/.ssh", "--", "/usr/bin/true"], "a location holding secrets"),
     ([], "no command"),
     (["--", "no-such-program-here"], "not an executable file"),
