@@ -62,7 +62,6 @@ class Destination:
         directory, self.name = os.path.split(self.path)
         if not self.name or self.name in (".", ".."):
             raise Refused(f"{out}: not a file name")
-        self.directory = directory
         self.fd = open_directory(directory)
 
     def write(self, text: str) -> None:
