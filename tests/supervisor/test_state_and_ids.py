@@ -161,7 +161,7 @@ def test_host_table_written_by_root_only_and_never_through_a_link(tmp_path):
     t = ids.Table(str(tmp_path / "root"), path=str(directory / "table"))
     uid = t.assign(["fs"])["fs"]
     st = os.lstat(directory / "table")
-    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
     assert f"{uid} fs {tmp_path / 'root'}\n" in (directory / "table").read_text()   # (the host's default root's too)
     assert sorted(os.listdir(directory)) == ["table", "table.lock"]   # no temp file left
     victim = tmp_path / "victim"
