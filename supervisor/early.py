@@ -1,7 +1,7 @@
 """What a supervisor does before its zygote, which inherits it; light to import.
 
 A private supervisor does it first thing and spawns its zygote before it
-imports the server's modules and loads its manifest (cli._serve): the
+imports the server's modules and loads its manifest (serve.main): the
 zygote's start-up (~13 ms, a fresh interpreter) then runs meanwhile on the
 other core. A daemon does it in Supervisor.serve.
 """

@@ -121,8 +121,8 @@ def _serve_here(control: int, args: list[str]) -> int:
         os.dup2(devnull, 1)
         os.dup2(control, CONTROL_FD, inheritable=False)
         os.closerange(CONTROL_FD + 1, os.sysconf("SC_OPEN_MAX"))
-        from .cli import main
-        return main(args)
+        from . import serve
+        return serve.main(serve.parse(args))
     except SystemExit as e:   # what the interpreter would make of it
         if e.code is None or isinstance(e.code, int):
             return e.code or 0

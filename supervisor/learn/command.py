@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from ..failure import fail
+
 if TYPE_CHECKING:
     from . import destination, learner
 
@@ -49,11 +51,6 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
     learn.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
 
 
-def _fail(code: int, message: str) -> int:
-    print(f"landlock-supervisor: {message}", file=sys.stderr)
-    return code
-
-
 def main(args: argparse.Namespace) -> int:
     """The options checked, then the rounds (run)."""
     from .. import refusal
@@ -61,9 +58,9 @@ def main(args: argparse.Namespace) -> int:
     from .session import SessionFileError, requests
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
-        return _fail(learner.EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
+        return fail(learner.EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
     if not 1 <= args.rounds <= 20 or args.timeout <= 0:
-        return _fail(learner.EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
+        return fail(learner.EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
     try:
         env = dict(parse_env(args.env))
         lines = None
@@ -72,9 +69,9 @@ def main(args: argparse.Namespace) -> int:
                 lines = f.read(1 << 22).splitlines()
         plan = requests([tuple(c) for c in args.call], lines, args.session or "--session")
     except learner.LearnError as e:
-        return _fail(e.code, f"learn: {e}")
+        return fail(e.code, f"learn: {e}")
     except (OSError, SessionFileError) as e:
-        return _fail(learner.EXIT_USAGE, f"learn: {e}")
+        return fail(learner.EXIT_USAGE, f"learn: {e}")
     writes = []
     table = refusal.known(exclude.homes(None), ())
     for path in args.write:
@@ -84,13 +81,13 @@ def main(args: argparse.Namespace) -> int:
         real = os.path.realpath(path)
         why = refusal.why_not(real, table)
         if why:
-            return _fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why})")
+            return fail(learner.EXIT_USAGE, f"learn: --write {path}: not granted to a server ({why})")
         writes.append(real)
     cwd = os.path.realpath(args.cwd) if args.cwd else None
     # Absolute, as --write and --cwd: learning excludes it, walking up from it to /.
     state_root = os.path.realpath(args.state_root) if args.state_root else None
     if cwd is not None and not os.path.isdir(cwd):
-        return _fail(learner.EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
+        return fail(learner.EXIT_USAGE, f"learn: --cwd {args.cwd}: not a directory")
     session_text = ", ".join(r["method"] + (f" {r['params'].get('name')}" if r["method"] == "tools/call" else "")
                              for r in plan)
     opts = learner.Options(command=command, name=args.name, out=args.out,
@@ -106,19 +103,19 @@ def run(opts: learner.Options) -> int:
     from . import learner
     from .destination import Refused
     if not os.path.isfile(learner.STRACE):
-        return _fail(learner.EXIT_FAILED, f"learn needs strace ({learner.STRACE}): apt-get install strace")
+        return fail(learner.EXIT_FAILED, f"learn needs strace ({learner.STRACE}): apt-get install strace")
     started = time.monotonic()
     try:
         # Before the first round: the server could make links from then on.
         where = None if opts.out == "-" else _destination(opts)
     except (Refused, OSError) as e:
-        return _fail(learner.EXIT_USAGE, f"learn: --out {opts.out}: {e}")
+        return fail(learner.EXIT_USAGE, f"learn: --out {opts.out}: {e}")
     try:
         one = learner.Learner(opts)
     except learner.LearnError as e:
         if where is not None:
             where.close()
-        return _fail(e.code, str(e))
+        return fail(e.code, str(e))
     try:
         text, proposal, validated = one.learn()
         if where is None:
@@ -128,9 +125,9 @@ def run(opts: learner.Options) -> int:
             _refuse_own_grant(one, where, text)
             where.write(text)
     except learner.runner.RunFailed as e:
-        return _fail(learner.EXIT_UNAVAILABLE if e.unavailable else learner.EXIT_FAILED, f"learn: {e}")
+        return fail(learner.EXIT_UNAVAILABLE if e.unavailable else learner.EXIT_FAILED, f"learn: {e}")
     except (learner.LearnError, OSError) as e:
-        return _fail(e.code if isinstance(e, learner.LearnError) else learner.EXIT_FAILED, f"learn: {e}")
+        return fail(e.code if isinstance(e, learner.LearnError) else learner.EXIT_FAILED, f"learn: {e}")
     finally:
         one.close()
         if where is not None:

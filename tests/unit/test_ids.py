@@ -50,10 +50,10 @@ def test_assign_refuses_when_the_range_is_spent():
         ids.assign(full, [(B, "fs")], RANGE)
 
 
-def test_the_clis_copies_of_the_defaults_are_the_same():
-    """cli repeats them (importing ids would load pwd and grp for `ping`)."""
-    from supervisor import cli
-    assert (cli.DEFAULT_DYNAMIC_UIDS, cli.DEFAULT_SESSION_GIDS, cli.HOST_TABLE) == (
+def test_serves_copies_of_the_defaults_are_the_same():
+    """serve repeats them for its help (importing ids would load pwd and grp for every command)."""
+    from supervisor import serve
+    assert (serve.DEFAULT_DYNAMIC_UIDS, serve.DEFAULT_SESSION_GIDS, serve.HOST_TABLE) == (
         ids.DEFAULT_DYNAMIC_UIDS, ids.DEFAULT_SESSION_GIDS, ids.HOST_TABLE)
 
 

@@ -1,0 +1,21 @@
+"""A command's failure: one line on stderr, what and where, beside its exit status."""
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    import argparse
+
+
+def fail(code: int, message: str) -> int:
+    print(f"landlock-supervisor: {message}", file=sys.stderr)
+    return code
+
+
+def supervisor_of(args: argparse.Namespace) -> str:
+    """Which supervisor a client command talked to, for its one line."""
+    if getattr(args, "manifests", None):
+        return "the private supervisor"
+    from .paths import default_socket_path
+    return f"the supervisor at {args.socket or default_socket_path()}"
