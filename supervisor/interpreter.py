@@ -13,6 +13,10 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 
+# What a supervisor imports (its zygote's included): a private one's argv, and
+# what provenance checks a root supervisor's non-root uids cannot rewrite.
+SUPERVISOR_IMPORTS = ("supervisor", "landlock", "yaml", "prctl", "_prctl")
+
 # argv[1] is how many import directories follow; the code sees argv[0] and
 # its own arguments only.
 _PROLOGUE = "import sys; n = int(sys.argv[1]); sys.path[:0] = sys.argv[2:2 + n]; del sys.argv[1:2 + n]; "

@@ -22,7 +22,6 @@ from . import interpreter
 
 CONTROL_FD = 3
 ENTRY = "from supervisor.cli import main; sys.exit(main(sys.argv[1:]))"
-IMPORTS = ("supervisor", "landlock", "yaml", "prctl", "_prctl")
 
 
 class Booting:
@@ -66,7 +65,7 @@ def launch(manifests: Sequence[str] | str, *, state_root: str | None = None, onl
     name, the others read for their name alone): a new interpreter, as any
     proxy may already have threads."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    argv = interpreter.argv(ENTRY, IMPORTS, _serve_args(manifests, state_root, only, extra_args))
+    argv = interpreter.argv(ENTRY, interpreter.SUPERVISOR_IMPORTS, _serve_args(manifests, state_root, only, extra_args))
     # Its stdin and stdout are the proxy's protocol channel: keep off them.
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:

@@ -8,8 +8,7 @@ import stat
 import sys
 from collections.abc import Iterable
 
-from .interpreter import import_paths
-from .private_boot import IMPORTS   # what a supervisor imports, its zygote's included
+from .interpreter import SUPERVISOR_IMPORTS, import_paths
 
 
 def writable_by_others(st: os.stat_result) -> bool:
@@ -25,7 +24,7 @@ def code_paths() -> list[str]:
     import landlock
     import supervisor
     packages = [os.path.dirname(os.path.abspath(str(package.__file__))) for package in (supervisor, landlock)]
-    return list(dict.fromkeys([os.path.realpath(sys.executable), *import_paths(IMPORTS), *packages]))
+    return list(dict.fromkeys([os.path.realpath(sys.executable), *import_paths(SUPERVISOR_IMPORTS), *packages]))
 
 
 def unsafe(paths: Iterable[str]) -> list[str]:
