@@ -54,6 +54,11 @@ _COMMANDS = {
 }
 
 
+# The commands that talk to a supervisor (serve: the one it is), and so take
+# --socket after their name; before it, --socket is accepted for any.
+_CONNECTING = frozenset({"serve", "run", "ping", "list", "stats", "denials"})
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The command argv names, found past `--socket PATH`; None when an
     option comes first (-h: every command's arguments are declared)."""
@@ -105,7 +110,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text, formatter_class=_Help)
         if everything or name == command:
             declare(parser)
-        parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
+        if name in _CONNECTING:
+            parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
     return p
 
 
