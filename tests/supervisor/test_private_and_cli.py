@@ -403,3 +403,15 @@ def test_ping_list_stats_commands(sv):
     assert r.returncode == 0 and json.loads(r.stdout)["fds"] > 0
     r = _run_cmd(["--socket", "/nonexistent/socket", "ping"])
     assert r.returncode == 1 and b"cannot reach the supervisor" in r.stderr
+
+
+@pytest.mark.timeout(30)
+def test_socket_after_a_command_that_talks_to_no_supervisor_is_said_once():
+    """`check --socket PATH` was accepted and unused: it still runs, for one
+    release, with one line; `--socket PATH check` (before it) stays silent."""
+    r = _run_cmd(["check", "--socket", "/nowhere", "--profiles"])
+    assert r.returncode == 0 and b"system:" in r.stdout, r
+    assert r.stderr.decode().splitlines() == \
+        ["landlock-supervisor: warning: check --socket is deprecated: check talks to no supervisor; give no --socket"]
+    r = _run_cmd(["--socket", "/nowhere", "check", "--profiles"])
+    assert (r.returncode, r.stderr) == (0, b""), r

@@ -1,5 +1,5 @@
 """The command line's option names: --socket where a command talks to a
-supervisor (and before any command), run's --pass-env and its old spelling."""
+supervisor (and before any command), run's --pass-env and their old spellings."""
 from __future__ import annotations
 
 import pytest
@@ -28,12 +28,10 @@ def test_socket_after_a_command_that_connects(command: str) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(set(_AFTER) - set(_CONNECTING)))
-def test_socket_after_a_command_that_does_not_connect_is_refused(command: str,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as refused:
-        _parse([command, "--socket", "/s", *_AFTER[command]])
-    assert refused.value.code == 2
-    assert "--socket" in capsys.readouterr().err
+def test_socket_after_a_command_that_does_not_connect_is_not_its_socket(command: str) -> None:
+    """Accepted (and unused) until now: kept apart, for main's one warning line."""
+    args = _parse([command, "--socket", "/s", *_AFTER[command]])
+    assert (args.socket, args.unused_socket) == (None, "/s")
 
 
 def test_run_pass_env_and_its_old_spelling() -> None:
