@@ -31,20 +31,21 @@ def _ports(values: list[str], flag: str) -> list[int]:
         raise SpecError(f"{flag}: expected port numbers, got {','.join(values)!r}") from None
 
 
+_DESCRIPTION = ("Confine this process with Landlock, rlimits and no_new_privs, then exec COMMAND. "
+                "Paths may be directories or single files; lists are comma-separated; "
+                "flags repeat. The target's environment is empty unless --env or --pass-env is given. "
+                "The path flags keep landrun's names, which are not a manifest's classes: "
+                "--ro is read_only_noexec (a manifest's read_only also executes: that is --rox), "
+                "--rw is read_write_noexec, --rwx is read_write. A missing path is an error here "
+                "unless --lax-paths; a manifest does the opposite: it skips one unless strict_paths: true.")
+_EPILOG = ("Exit codes: 2 bad invocation or spec (a missing path, no rule at all), "
+           "3 Landlock or a required feature unavailable, 4 not single-threaded, "
+           "126 exec failed, 127 command not found.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="landlock-exec",
-        usage="%(prog)s [options] [--] COMMAND [ARG...]",
-        description="Confine this process with Landlock, rlimits and no_new_privs, then exec COMMAND. "
-                    "Paths may be directories or single files; lists are comma-separated; "
-                    "flags repeat. The target's environment is empty unless --env or --pass-env is given. "
-                    "The path flags keep landrun's names, which are not a manifest's classes: "
-                    "--ro is read_only_noexec (a manifest's read_only also executes: that is --rox), "
-                    "--rw is read_write_noexec, --rwx is read_write. A missing path is an error here "
-                    "unless --lax-paths; a manifest does the opposite: it skips one unless strict_paths: true.",
-        epilog="Exit codes: 2 bad invocation or spec (a missing path, no rule at all), "
-               "3 Landlock or a required feature unavailable, 4 not single-threaded, "
-               "126 exec failed, 127 command not found.")
+    p = argparse.ArgumentParser(prog="landlock-exec", usage="%(prog)s [options] [--] COMMAND [ARG...]",
+                                description=_DESCRIPTION, epilog=_EPILOG)
     a = p.add_argument
     a("--ro", action="append", default=[], metavar="PATHS",
       help="read only, no execute (a manifest's read_only_noexec)")
