@@ -34,7 +34,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                        help="a group (name or gid) whose members may connect and spawn: the peer's primary "
                             "or a supplementary group (repeatable)")
     serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
-    serve.add_argument("--grace", type=float, default=5.0,
+    serve.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                        help="seconds between TERM and KILL (default %(default)g)")
     serve.add_argument("--allow-root-servers", action="store_true", help=ROOT_HELP)
     serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
