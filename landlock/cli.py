@@ -1,7 +1,8 @@
 """landlock-exec: confine this process, then exec a command.
 
 Flags follow landrun's (--ro, --rox, --rw, --rwx, --bind-tcp, --connect-tcp,
---env, --best-effort, --unrestricted-*); failures use the seed's exit codes.
+--best-effort, --unrestricted-*); failures use the seed's exit codes. --env
+sets (NAME=VALUE) and --pass-env passes (NAME), as in the supervisor.
 """
 from __future__ import annotations
 
@@ -30,20 +31,21 @@ def _ports(values: list[str], flag: str) -> list[int]:
         raise SpecError(f"{flag}: expected port numbers, got {','.join(values)!r}") from None
 
 
+_DESCRIPTION = ("Confine this process with Landlock, rlimits and no_new_privs, then exec COMMAND. "
+                "Paths may be directories or single files; lists are comma-separated; "
+                "flags repeat. The target's environment is empty unless --env or --pass-env is given. "
+                "The path flags keep landrun's names, which are not a manifest's classes: "
+                "--ro is read_only_noexec (a manifest's read_only also executes: that is --rox), "
+                "--rw is read_write_noexec, --rwx is read_write. A missing path is an error here "
+                "unless --lax-paths; a manifest does the opposite: it skips one unless strict_paths: true.")
+_EPILOG = ("Exit codes: 2 bad invocation or spec (a missing path, no rule at all), "
+           "3 Landlock or a required feature unavailable, 4 not single-threaded, "
+           "126 exec failed, 127 command not found.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="landlock-exec",
-        usage="%(prog)s [options] [--] COMMAND [ARG...]",
-        description="Confine this process with Landlock, rlimits and no_new_privs, then exec COMMAND. "
-                    "Paths may be directories or single files; lists are comma-separated; "
-                    "flags repeat. The target's environment is empty unless --env is given. "
-                    "The path flags keep landrun's names, which are not a manifest's classes: "
-                    "--ro is read_only_noexec (a manifest's read_only also executes: that is --rox), "
-                    "--rw is read_write_noexec, --rwx is read_write. A missing path is an error here "
-                    "unless --lax-paths; a manifest does the opposite: it skips one unless strict_paths: true.",
-        epilog="Exit codes: 2 bad invocation or spec (a missing path, no rule at all), "
-               "3 Landlock or a required feature unavailable, 4 not single-threaded, "
-               "126 exec failed, 127 command not found.")
+    p = argparse.ArgumentParser(prog="landlock-exec", usage="%(prog)s [options] [--] COMMAND [ARG...]",
+                                description=_DESCRIPTION, epilog=_EPILOG)
     a = p.add_argument
     a("--ro", action="append", default=[], metavar="PATHS",
       help="read only, no execute (a manifest's read_only_noexec)")
@@ -59,8 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     a("--connect-tcp", action="append", default=[], metavar="PORTS")
     a("--bind-udp", action="append", default=[], metavar="PORTS", help="(ABI 10)")
     a("--connect-udp", action="append", default=[], metavar="PORTS", help="(ABI 10)")
-    a("--env", action="append", default=[], metavar="NAME[=VALUE]",
-      help="pass NAME from this environment, or set it")
+    a("--env", action="append", default=[], metavar="NAME=VALUE",
+      help="set NAME to VALUE (a bare NAME, passed, is deprecated: --pass-env)")
+    a("--pass-env", action="append", default=[], metavar="NAME",
+      help="pass NAME from this environment, if it is set")
     a("--best-effort", action="store_true",
       help="run even where Landlock is unavailable, saying so")
     a("--unrestricted-filesystem", action="store_true")
@@ -91,14 +95,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _environment(names: list[str]) -> dict[str, str]:
-    env = {}
-    for item in names:
-        name, sep, value = item.partition("=")
-        if sep:
-            env[name] = value
-        elif name in os.environ:
-            env[name] = os.environ[name]
+def _environment(sets: list[str], passes: list[str]) -> dict[str, str]:
+    """--pass-env's names from here, then --env's values over them. A bare
+    --env NAME still passes NAME, for one release, with one line saying so."""
+    bare = [item for item in sets if "=" not in item]
+    if bare:
+        print(f"landlock-exec: warning: --env {bare[0]} is deprecated: use --pass-env {bare[0]} "
+              "(--env takes NAME=VALUE)", file=sys.stderr)
+    env = {name: os.environ[name] for name in [*passes, *bare] if name in os.environ}
+    for name, _, value in (item.partition("=") for item in sets if "=" in item):
+        env[name] = value
     return env
 
 
@@ -136,7 +142,7 @@ def spec_from_args(args: argparse.Namespace) -> Spec:
 # Flags that build a spec: with a spec in the environment they would be
 # silently ignored, so they are refused.
 _SPEC_FLAGS = ("ro", "rox", "rw", "rwx", "unix", "bind_tcp", "connect_tcp", "bind_udp",
-               "connect_udp", "env", "best_effort", "unrestricted_filesystem",
+               "connect_udp", "env", "pass_env", "best_effort", "unrestricted_filesystem",
                "unrestricted_network", "require", "scope", "rlimit", "landlock_log", "user",
                "keep_capabilities", "lax_paths", "max_abi")
 
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         spec, passed_env = gocompat.spec_from_environ(os.environ)
         if spec is None:
-            spec, env = spec_from_args(args), _environment(args.env)
+            spec, env = spec_from_args(args), _environment(args.env, args.pass_env)
         elif _spec_flags_given(args):
             raise SpecError(f"a spec in the environment and {', '.join(_spec_flags_given(args))} "
                             "together: use one")

@@ -8,7 +8,7 @@ import sys
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 from . import run, serve
-from .failure import fail, supervisor_of
+from .failure import fail, supervisor_of, warn
 
 # The rest is imported where used: a private supervisor is forked right
 # after the arguments are parsed, and `run` imports its client beside it.
@@ -52,6 +52,12 @@ _COMMANDS = {
     "check": ("what each manifest really gets on this kernel", _check_arguments),
     "learn": ("learn a server's manifest from confined, traced runs of an MCP session", _learn_arguments),
 }
+
+
+# The commands that talk to a supervisor (serve: the one it is), and so take
+# --socket after their name; before it, --socket is accepted for any (and
+# ignored by the others, as a default the environment may give).
+_CONNECTING = frozenset({"serve", "run", "ping", "list", "stats", "denials"})
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -105,7 +111,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text, formatter_class=_Help)
         if everything or name == command:
             declare(parser)
-        parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
+        if name in _CONNECTING:
+            parser.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help=socket_help)
+        else:   # accepted and unused until now: said so, for one release
+            parser.add_argument("--socket", metavar="PATH", dest="unused_socket", default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS)
     return p
 
 
@@ -113,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     args = _parser(_command_of(argv)).parse_args(argv)
+    if hasattr(args, "unused_socket"):
+        warn(f"{args.command} --socket is deprecated: {args.command} talks to no supervisor; give no --socket")
     if args.command == "serve":
         return serve.main(args)
     if args.command == "run":

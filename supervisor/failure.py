@@ -1,4 +1,5 @@
-"""A command's failure: one line on stderr, what and where, beside its exit status."""
+"""A command's failure: one line on stderr, what and where, beside its exit status; and a
+warning's line."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +12,11 @@ if TYPE_CHECKING:
 def fail(code: int, message: str) -> int:
     print(f"landlock-supervisor: {message}", file=sys.stderr)
     return code
+
+
+def warn(message: str) -> None:
+    """One line on stderr that the command goes on after (a deprecated spelling)."""
+    print(f"landlock-supervisor: warning: {message}", file=sys.stderr, flush=True)
 
 
 def supervisor_of(args: argparse.Namespace) -> str:

@@ -6,7 +6,6 @@ Every error names the file, the key and what was expected.
 """
 from __future__ import annotations
 
-import grp
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -14,11 +13,13 @@ from dataclasses import dataclass, field
 
 import landlock
 from landlock import privileges
-from landlock.spec import parse_limit
 
-from . import ids, profiles
+from . import manifest_identity, manifest_process, manifest_sandbox, manifest_serving, profiles
+from .manifest_file import MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, read
+from .manifest_identity import DynamicUid
+from .manifest_sandbox import PATH_CLASSES
+from .manifest_serving import AUTO_POOL, WARM_MAX_AGE
 from .secrets import within
-from .manifest_file import ENV_NAME, MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, port_list, read
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -28,18 +29,9 @@ __all__ = ["MAX_MANIFEST_BYTES", "Broken", "Manifest", "ManifestError", "load", 
            "unknown_name", "writable_grants", "writable_holding"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec", "connect_unix")
-PORT_KEYS = ("connect_tcp", "bind_tcp", "connect_udp", "bind_udp")
-MAX_POOL = 8
-MAX_WARM = 8
-WARM_MAX_AGE = 600   # seconds a warm server waits, unused, before it is replaced
-AUTO_POOL = "auto"   # the default: a pool kept while the manifest is in demand (zygote.pools.Demand)
 _TOP_KEYS = {"name", "command", "args", "cwd", "env", "inherit_env", "client_env", "client_args",
              "user", "group", "groups", "allow_root", "umask", "sandbox", "on_disconnect", "state_dir", "pool",
              "terminal", "warm", "warm_max_age"}
-_SANDBOX_KEYS = {*PATH_CLASSES, "profiles", "network", "rlimits", "require", "best_effort",
-                 "scopes", "strict_paths", "log", "max_abi"}
-_NETWORK_KEYS = {*PORT_KEYS, "unrestricted"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +81,6 @@ class Broken:
     error: str     # one line: file, key, what is wrong
 
 
-DynamicUid = Callable[[str], int]
 _EVERYONES = ("/dev/null", "/dev/zero", "/dev/full")   # writable to every server, holding no file
 
 
@@ -149,30 +140,30 @@ class _Loader:
         state_dir, area = self._state_dir(name)
         inherit_env = top.strings("inherit_env")
         manifest_env = {k: self.expand(f"env.{k}", v) for k, v in top.mapping("env").items()}
-        command = self._command(inherit_env, manifest_env)
+        command = manifest_process.command(top, self.expand, self.env, inherit_env, manifest_env)
         args = [self.expand(f"args[{i}]", a) for i, a in enumerate(top.strings("args"))]
-        cwd, client_env, umask = self._cwd(state_dir), self._client_env(), self._umask()
-        pool, terminal, on_disconnect = self._serving()
-        user, group, allow_root, dynamic = self._identity(name)
-        warm = self._warm(terminal, group)
-        warm_max_age = self.top.get("warm_max_age", int, WARM_MAX_AGE)
-        if not 1 <= warm_max_age <= 86400:
-            self.top.fail("warm_max_age", f"expected 1 to 86400 seconds, got {warm_max_age}")
-        groups = self._groups(user, allow_root)
+        cwd, client_env = manifest_process.cwd(top, self.expand, state_dir), manifest_process.client_env(top)
+        umask = manifest_process.umask(top)
+        pool, terminal, on_disconnect = manifest_serving.serving(top)
+        user, group, allow_root, dynamic = manifest_identity.identity(top, name, self.as_root, self.dynamic_uid,
+                                                                      self.state_root)
+        warm, warm_max_age = manifest_serving.warm(top, terminal, group, self.as_root)
+        groups = manifest_identity.groups(top, self.expand, user, allow_root, self.as_root)
         fragment, spec, creds = self._sandbox(command, manifest_env, inherit_env, state_dir, area, user, group,
                                               groups)
         if groups and creds is not None and creds.uid == 0:
-            self.top.fail("groups", "needs `user:` other than root: a server of uid 0 joins no group")
-        defaults = self._dynamic_defaults(name, state_dir, inherit_env) if dynamic and user is not None else {}
+            top.fail("groups", "needs `user:` other than root: a server of uid 0 joins no group")
+        defaults = {}
+        if dynamic and user is not None:
+            defaults = manifest_identity.dynamic_defaults(name, state_dir, inherit_env)
         manifest_env = {**defaults, **fragment.env, **manifest_env}  # the manifest's own values win
         return Manifest(name=name, source=self.source, command=command, args=tuple(args), cwd=cwd,
                         env=tuple(sorted(manifest_env.items())), inherit_env=tuple(inherit_env),
                         client_env=frozenset(client_env), client_args=top.get("client_args", bool, False),
                         umask=umask, on_disconnect=on_disconnect, state_dir=state_dir, spec=spec,
                         allow_root=allow_root, pool=pool, terminal=terminal, warm=warm,
-                        warm_max_age=warm_max_age,
-                        warnings=self._warnings(fragment, spec, user, command, self.state_root), area=area,
-                        dynamic=dynamic,
+                        warm_max_age=warm_max_age, area=area, dynamic=dynamic,
+                        warnings=manifest_sandbox.warnings(fragment, spec, user, command, self.state_root),
                         uid=creds.uid if creds else None, credentials=creds, quiet_denials=tuple(fragment.quiet),
                         variables=variables - {"STATE_DIR"},
                         runs_as_root=self.as_root and (allow_root or (creds is not None and creds.uid == 0)))
@@ -210,211 +201,16 @@ class _Loader:
                 top.fail("state_dir", f"{state_dir!r} is not an absolute path")
         return state_dir, area
 
-    def _command(self, inherit_env: list[str], manifest_env: dict[str, str]) -> str:
-        """The command, expanded and found on PATH: absolute."""
-        path_var = (manifest_env.get("PATH") or (self.env.get("PATH") if "PATH" in inherit_env else None)
-                    or os.defpath)
-        command = self.top.get("command", str, None)
-        if not command:
-            self.top.fail("command", "missing")
-        command = self.expand("command", command)
-        if "/" in command:
-            resolved: str | None = command
-        else:
-            import shutil   # here: ~1.7 ms of a private supervisor's start, for a command on PATH only
-            resolved = shutil.which(command, path=path_var)
-        if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
-            self.top.fail("command", f"{command!r} is not an executable file"
-                          + ("" if "/" in command else f" on PATH {path_var}"))
-        return os.path.abspath(resolved)
-
-    def _cwd(self, state_dir: str | None) -> str:
-        cwd = self.expand("cwd", self.top.get("cwd", str, state_dir or "/"))
-        if not os.path.isabs(cwd):
-            self.top.fail("cwd", f"{cwd!r} is not an absolute path")
-        return cwd
-
-    def _client_env(self) -> list[str]:
-        client_env = self.top.strings("client_env")
-        for i, var in enumerate(client_env):
-            if not ENV_NAME.match(var):
-                self.top.fail(f"client_env[{i}]", f"{var!r} is not a valid variable name")
-        return client_env
-
-    def _umask(self) -> int:
-        text = self.top.get("umask", (str, int), "077")
-        if isinstance(text, int) and text != 0:
-            # YAML reads 077 as the number 63 (and 22 as 22): only a string says what was meant.
-            self.top.fail("umask", f"expected a quoted octal string such as \"077\", got the number {text} "
-                          "(YAML reads 022 as 18: quote it)")
-        try:
-            umask = int(str(text), 8)
-        except ValueError:
-            self.top.fail("umask", "expected an octal string such as \"077\"")
-        if not 0 <= umask <= 0o777:
-            self.top.fail("umask", "expected an octal value from 000 to 777")
-        return umask
-
-    def _serving(self) -> tuple[int | str, bool, str]:
-        """pool, terminal, on_disconnect."""
-        pool = self.top.get("pool", (int, str), AUTO_POOL)
-        terminal = self.top.get("terminal", bool, False)
-        if pool != AUTO_POOL and not (isinstance(pool, int) and 0 <= pool <= MAX_POOL):
-            self.top.fail("pool", f"expected {AUTO_POOL} or 0 to {MAX_POOL} children, got {pool!r}")
-        on_disconnect = self.top.get("on_disconnect", str, "kill")
-        if on_disconnect not in ("kill", "keep"):
-            self.top.fail("on_disconnect", f"expected kill or keep, got {on_disconnect!r}")
-        return pool, terminal, on_disconnect
-
-    def _warm(self, terminal: bool, group: str | int | None) -> int:
-        """`warm: N`: only where no other process shares a warm server's uid
-        and gid (a root supervisor's session gid), and never on a terminal
-        (it would hold the client's terminal before it is the client's)."""
-        warm = self.top.get("warm", int, 0)
-        if not 0 <= warm <= MAX_WARM:
-            self.top.fail("warm", f"expected 0 to {MAX_WARM} servers, got {warm!r}")
-        if not warm:
-            return warm
-        if terminal:
-            self.top.fail("warm", "contradicts `terminal: true`: a warm server's stdio are pipes, made before "
-                          "its client is known")
-        if group is not None:
-            self.top.fail("warm", "contradicts `group:`: other processes of that gid could change a warm "
-                          "server's limits while it waits for its client")
-        if not self.as_root:
-            self.top.fail("warm", "needs a root supervisor: under a user's own supervisor every process of "
-                          "that user could change a warm server while it waits for its client")
-        return warm
-
-    def _identity(self, name: str) -> tuple[str | int | None, str | int | None, bool, bool]:
-        """user, group, allow_root, dynamic."""
-        user = self.top.get("user", (str, int), None)
-        group = self.top.get("group", (str, int), None)
-        allow_root = self.top.get("allow_root", bool, False)
-        dynamic = user == "dynamic"
-        if dynamic:
-            if allow_root:
-                self.top.fail("allow_root", "contradicts `user: dynamic`")
-            # No group: its gid is the uid's number, and under a root
-            # supervisor each session gets a gid of its own instead, as for
-            # any manifest that names no `group:` (its sessions must not
-            # prlimit each other).
-            user = self._dynamic_uid(name)
-        if self.as_root and user is None and not allow_root and not dynamic:
-            self.top.fail("user", "required when the supervisor runs as root "
-                          "(user: dynamic, a user name, or allow_root: true with every capability dropped)")
-        return user, group, allow_root, dynamic
-
-    def _groups(self, user: str | int | None, allow_root: bool) -> list[str]:
-        """`groups:`, supplementary groups the server joins to share files
-        (docs/manifests.md, "Sharing a project"): names the administrator
-        made, joined by a root supervisor's server that runs as a user."""
-        groups = [self.expand(f"groups[{i}]", g) for i, g in enumerate(self.top.strings("groups"))]
-        if not groups:
-            return groups
-        if not self.as_root:
-            self.top.fail("groups", "needs a root supervisor: a user's own supervisor runs its servers as "
-                          "itself, with its own groups")
-        if allow_root or user is None:
-            self.top.fail("groups", "needs `user:` (dynamic or a user name): a server that stays root "
-                          "joins no group")
-        for i, name in enumerate(groups):
-            try:
-                gid = grp.getgrnam(name).gr_gid
-            except KeyError:
-                self.top.fail(f"groups[{i}]", f"no such group {name!r} (a group name, made by the administrator)")
-            if gid == 0:
-                self.top.fail(f"groups[{i}]", f"{name!r} is gid 0: root's group owns system files")
-        return groups
-
-    def _dynamic_uid(self, name: str) -> int | None:
-        """A `user: dynamic` manifest's uid; None under a user's own supervisor,
-        which cannot switch uids: it runs the server as itself."""
-        dynamic_uid, state_root = self.dynamic_uid, self.state_root
-        if self.as_root and dynamic_uid is None and state_root:
-            dynamic_uid = lambda n: ids.Table(state_root).peek(n)[0]  # noqa: E731  (what it has or would get)
-        try:
-            user = dynamic_uid(name) if self.as_root and dynamic_uid is not None else None
-        except (ids.IdError, OSError) as e:
-            self.top.fail("user", f"dynamic: {e}")
-        if user is None and self.as_root:
-            self.top.fail("user", "dynamic: this supervisor has no state root for its table of dynamic users")
-        return user
-
     def _sandbox(self, command: str, manifest_env: dict[str, str], inherit_env: list[str], state_dir: str | None,
                  area: str | None, user: str | int | None, group: str | int | None, groups: list[str]
                  ) -> tuple[profiles.Fragment, landlock.Spec, privileges.Credentials | None]:
         """The profiles' fragment, the Spec, its credentials."""
         sandbox = Reader(self.source, self.data.get("sandbox") if isinstance(self.data, dict) else None,
-                          "sandbox.", _SANDBOX_KEYS)
-        fragment = profiles.combine(sandbox.strings("profiles"), profiles.Context(
-            env={**self.env, **manifest_env, **{k: self.env[k] for k in inherit_env if k in self.env}},
-            state_dir=state_dir, command=command, area=area,
-            given=frozenset({*manifest_env, *(k for k in inherit_env if k in self.env)})),
-            lambda msg: sandbox.fail("profiles", msg))
-        spec, creds = self._spec(sandbox, self._paths(sandbox, fragment, state_dir), user, group, groups)
-        return fragment, spec, creds
-
-    def _paths(self, sandbox: Reader, fragment: profiles.Fragment, state_dir: str | None) -> dict[str, list[str]]:
-        paths = {cls: fragment.paths.get(cls, []) + [self.expand(f"sandbox.{cls}[{i}]", p)
-                                                     for i, p in enumerate(sandbox.strings(cls))]
-                 for cls in PATH_CLASSES}
-        if state_dir:
-            paths["read_write_noexec"].append(state_dir)
-        for cls, items in paths.items():
-            for p in items:
-                if not os.path.isabs(p):
-                    sandbox.fail(cls, f"{p!r} is not an absolute path")
-        return paths
-
-    def _spec(self, sandbox: Reader, paths: dict[str, list[str]], user: str | int | None,
-              group: str | int | None, groups: list[str]) -> tuple[landlock.Spec, privileges.Credentials | None]:
-        """The Spec, and the credentials it runs with (looked up here, once)."""
-        network = Reader(self.source, sandbox.data.get("network"), "sandbox.network.", _NETWORK_KEYS)
-        ports = {k: port_list(network, k) for k in PORT_KEYS}
-        rlimits = _rlimits(sandbox)
-        try:
-            spec = landlock.Spec(
-                **paths, **ports,
-                # Carried into every narrowing of it: a narrowed spec may drop a
-                # writable grant, not the server's power to plant links there.
-                untrusted_trees=(*paths["read_write"], *paths["read_write_noexec"]),
-                unrestricted_network=network.get("unrestricted", bool, False),
-                scopes=sandbox.strings("scopes", landlock.spec.DEFAULT_SCOPES),
-                rlimits=rlimits, require=sandbox.strings("require"),
-                best_effort=sandbox.get("best_effort", bool, False),
-                strict_paths=sandbox.get("strict_paths", bool, False),
-                log=sandbox.strings("log"), max_abi=sandbox.get("max_abi", int, None),
-                user=user, group=group, groups=tuple(groups), keep_capabilities=False)
-            return spec, privileges.resolve(user, group, spec.groups)
-        except landlock.SpecError as e:
-            sandbox.fail("", str(e))
-
-    def _dynamic_defaults(self, name: str, state_dir: str | None, inherit_env: list[str]) -> dict[str, str]:
-        """No passwd entry outside the supervisor's mount namespace: programs
-        that ask for HOME or the user's name get them here."""
-        return {k: v for k, v in (("HOME", state_dir or "/"), ("USER", ids.user_name(name)),
-                                  ("LOGNAME", ids.user_name(name))) if k not in inherit_env}
-
-    @staticmethod
-    def _warnings(fragment: profiles.Fragment, spec: landlock.Spec, user: str | int | None,
-                  command: str, state_root: str | None) -> tuple[str, ...]:
-        warnings = list(fragment.warnings)
-        if state_root:
-            root = os.path.realpath(state_root)
-            for cls in ("read_write", "read_write_noexec"):
-                for path in getattr(spec, cls):
-                    real = os.path.realpath(path)
-                    if root == real or root.startswith(real.rstrip("/") + "/"):
-                        warnings.append(f"{cls} {path} holds the supervisor's state root {state_root}: the "
-                                        "server can rewrite every server's state and the parsed manifests")
-        if any(r.name == "NPROC" for r in spec.rlimits) and user is None:
-            warnings.append("rlimits.NPROC counts every process of the real uid: without a dedicated "
-                            "user it limits the supervisor's own user")
-        if command.startswith("/snap/"):
-            warnings.append(f"command {command} is a snap launcher: it fails under no_new_privs; "
-                            "name the real binary")
-        return tuple(warnings)
+                         "sandbox.", manifest_sandbox.KEYS)
+        inherited = {k: self.env[k] for k in inherit_env if k in self.env}
+        context = profiles.Context(env={**self.env, **manifest_env, **inherited}, state_dir=state_dir,
+                                   command=command, area=area, given=frozenset({*manifest_env, *inherited}))
+        return manifest_sandbox.sandbox(sandbox, context, self.expand, user, group, groups)
 
 
 def _mapping(value: Any) -> dict[Any, Any]:
@@ -423,19 +219,6 @@ def _mapping(value: Any) -> dict[Any, Any]:
 
 def _items(key: str, value: Any) -> list[tuple[str, Any]]:
     return [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else []
-
-
-def _rlimits(sandbox: Reader) -> dict[str, Any]:
-    rlimits: dict[str, Any] = {}
-    for key, value in sandbox.get("rlimits", dict, {}).items():
-        try:
-            if isinstance(value, list) and len(value) == 2:
-                rlimits[str(key)] = (parse_limit(value[0]), parse_limit(value[1]))
-            else:
-                rlimits[str(key)] = parse_limit(value)
-        except landlock.SpecError as e:
-            sandbox.fail(f"rlimits.{key}", str(e))
-    return rlimits
 
 
 def load_all(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> dict[str, Manifest]:

@@ -30,7 +30,9 @@ from landlock.spec import parse_limit
 from . import protocol
 from .errors import Code, Refused
 from .limits import Limits
-from .manifest import AUTO_POOL, PATH_CLASSES, PORT_KEYS, Manifest, unknown_name
+from .manifest import Manifest, unknown_name
+from .manifest_sandbox import PATH_CLASSES, PORT_KEYS
+from .manifest_serving import AUTO_POOL
 from .peers import Peer
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)

@@ -9,7 +9,7 @@ import sys
 
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
-from .failure import fail, supervisor_of
+from .failure import fail, supervisor_of, warn
 from .serve import ROOT_HELP
 
 # The rest is imported where used: a private supervisor is forked first.
@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--manifests", action="append", default=[], metavar="PATH",
                      help="with no supervisor running, start a private one with these")
-    run.add_argument("--env", action="append", default=[], metavar="NAME",
+    run.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                      help="pass NAME from this environment (the manifest must list it in client_env)")
+    run.add_argument("--env", action="append", default=[], metavar="NAME",
+                     help="deprecated: --pass-env (an --env of learn or landlock-exec sets NAME=VALUE)")
     run.add_argument("--state-root", metavar="DIR")
     run.add_argument("--verbose", action="store_true",
                      help="name every variable of this environment not passed to the server (else a few)")
@@ -41,6 +43,9 @@ def main(args: argparse.Namespace) -> int:
     """Spawn NAME with our stdio (in a private supervisor of --manifests,
     forked before any thread), wait for it, exit as it did."""
     _warn_foreign_imports()
+    if args.env:   # the old spelling, for one release
+        warn(f"run --env {args.env[0]} is deprecated: use run --pass-env {args.env[0]}")
+        args.pass_env += args.env
     if args.manifests and args.socket:
         return fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
     private = None
@@ -242,7 +247,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     from .private import PrivateStartFailed
     from .protocol import ProtocolError
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
-    env = {name: os.environ[name] for name in args.env if name in os.environ}
+    env = {name: os.environ[name] for name in args.pass_env if name in os.environ}
     try:
         client = _client_for(args, private)
     except PrivateStartFailed as e:

@@ -8,6 +8,11 @@ from landlock.exits import EXIT_USAGE
 
 from .failure import fail
 
+TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
+if TYPE_CHECKING:
+    from .namespaces import Isolation
+    from .zygote.boot import Booting
+
 # Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for every command.
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
@@ -29,7 +34,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                        help="a group (name or gid) whose members may connect and spawn: the peer's primary "
                             "or a supplementary group (repeatable)")
     serve.add_argument("--state-root", metavar="DIR", help="state directories and session records")
-    serve.add_argument("--grace", type=float, default=5.0,
+    serve.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                        help="seconds between TERM and KILL (default %(default)g)")
     serve.add_argument("--allow-root-servers", action="store_true", help=ROOT_HELP)
     serve.add_argument("--dynamic-uids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_DYNAMIC_UIDS,
@@ -71,16 +76,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> int:
     import grp
 
-    from .paths import check_fallback, check_length, default_socket_path, default_state_root
+    from .paths import default_state_root
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
         return fail(EXIT_USAGE, f"--allow-group: no such group {e}")
-    listen_fd = None
-    if os.environ.get("LISTEN_PID") == str(os.getpid()) and int(os.environ.get("LISTEN_FDS", "0")) >= 1:
-        listen_fd = 3  # SD_LISTEN_FDS_START
-    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        os.environ.pop(var, None)
+    listen_fd = _systemd_socket()
     from . import ids
     try:
         dynamic_uids = ids.parse_range(args.dynamic_uids, "--dynamic-uids")
@@ -89,31 +90,16 @@ def main(args: argparse.Namespace) -> int:
             ids.check_ranges(dynamic_uids, session_gids)
     except ids.IdError as e:
         return fail(EXIT_USAGE, f"not starting: {e}")
-    socket_path = args.socket
-    if socket_path is None and listen_fd is None and args.control_fd is None:
-        socket_path = default_socket_path()
-    if socket_path is not None:
-        try:
-            check_length(socket_path)
-            check_fallback(socket_path, create=True)
-        except OSError as e:   # (SocketPathError among them)
-            return fail(EXIT_USAGE, str(e))
-    numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
-               "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}
-    for option, value in numbers.items():
-        if value < 1:
-            return fail(EXIT_USAGE, f"{option}: expected a positive number, got {value}")
+    try:
+        socket_path = _socket_path(args, listen_fd)
+    except OSError as e:   # (SocketPathError among them)
+        return fail(EXIT_USAGE, str(e))
+    not_positive = _not_positive(args)
+    if not_positive:
+        return fail(EXIT_USAGE, not_positive)
     state_root = args.state_root or default_state_root()
-    early = None
-    if args.control_fd is not None:
-        # A private supervisor: its zygote boots while the modules below import.
-        from .early import prepare
-        from .zygote import boot
-        isolation = prepare(state_root)
-        try:
-            early = isolation, boot.launch()
-        except OSError as e:
-            raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None
+    # A private supervisor's zygote boots while the modules below import.
+    early = _boot_early(state_root) if args.control_fd is not None else None
     from .manifest import ManifestError
     from .server import Config, Limits, Supervisor
     limits = Limits(grace=args.grace, connections=args.max_connections,
@@ -140,3 +126,46 @@ def main(args: argparse.Namespace) -> int:
             early[1].abandon()
         return fail(EXIT_USAGE, f"not starting: {e}")
     return supervisor.serve()
+
+
+def _systemd_socket() -> int | None:
+    """fd 3 when systemd passed this process its socket (LISTEN_PID ours);
+    its variables cleared either way: no child inherits them."""
+    listen_fd = None
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and int(os.environ.get("LISTEN_FDS", "0")) >= 1:
+        listen_fd = 3  # SD_LISTEN_FDS_START
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    return listen_fd
+
+
+def _socket_path(args: argparse.Namespace, listen_fd: int | None) -> str | None:
+    """The path to bind, checked (OSError if it cannot be ours); None with
+    systemd's socket or a private supervisor's control channel."""
+    from .paths import check_fallback, check_length, default_socket_path
+    socket_path: str | None = args.socket
+    if socket_path is None and listen_fd is None and args.control_fd is None:
+        socket_path = default_socket_path()
+    if socket_path is not None:
+        check_length(socket_path)
+        check_fallback(socket_path, create=True)
+    return socket_path
+
+
+def _not_positive(args: argparse.Namespace) -> str | None:
+    """The first limit option below 1, as its one line."""
+    numbers = {"--max-connections": args.max_connections, "--max-connections-per-uid": args.max_connections_per_uid,
+               "--max-children": args.max_children, "--max-children-per-uid": args.max_children_per_uid}
+    return next((f"{option}: expected a positive number, got {value}"
+                 for option, value in numbers.items() if value < 1), None)
+
+
+def _boot_early(state_root: str) -> tuple[Isolation | None, Booting]:
+    """A private supervisor's isolation and its zygote, booting."""
+    from .early import prepare
+    from .zygote import boot
+    isolation = prepare(state_root)
+    try:
+        return isolation, boot.launch()
+    except OSError as e:
+        raise SystemExit(f"landlock-supervisor: cannot start the zygote: {e}") from None

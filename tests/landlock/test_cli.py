@@ -179,9 +179,30 @@ def test_report_is_json_on_stderr():
 @pytest.mark.enforcement
 def test_env_builds_the_whole_environment():
     env = {**os.environ, "HOME": "/home/landlock-test", "SECRET": "leak"}
-    p = run_cli(*USR, "--env", "FOO=bar", "--env", "HOME", "--env", "UNSET_LANDLOCK_TEST", "--", "env", env=env)
+    p = run_cli(*USR, "--env", "FOO=bar", "--pass-env", "HOME", "--pass-env", "UNSET_LANDLOCK_TEST", "--", "env",
+                env=env)
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["FOO=bar", "HOME=/home/landlock-test"]
+    assert "deprecated" not in p.stderr
+
+
+@pytest.mark.enforcement
+def test_env_set_wins_over_pass_env():
+    p = run_cli(*USR, "--pass-env", "FOO", "--env", "FOO=set", "--", "env", env={**os.environ, "FOO": "here"})
+    assert (p.returncode, p.stdout) == (0, "FOO=set\n"), p.stderr
+
+
+@pytest.mark.enforcement
+def test_bare_env_still_passes_with_one_line_naming_pass_env():
+    """`--env NAME` (passed from here) was the old spelling of --pass-env:
+    it works for one release, said once on stderr, however often given."""
+    env = {**os.environ, "HOME": "/home/landlock-test", "USER": "u"}
+    p = run_cli(*USR, "--env", "HOME", "--env", "USER", "--env", "A=b", "--", "env", env=env)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["A=b", "HOME=/home/landlock-test", "USER=u"]
+    warnings = [line for line in p.stderr.splitlines() if "deprecated" in line]
+    assert warnings == ["landlock-exec: warning: --env HOME is deprecated: use --pass-env HOME "
+                        "(--env takes NAME=VALUE)"]
 
 
 @pytest.mark.enforcement
@@ -247,7 +268,7 @@ def test_native_spec_variable(layout):
 
 
 @pytest.mark.parametrize("flags", [["--ro", "/usr"], ["--rlimit", "NOFILE=64"], ["--env", "A=b"],
-                                   ["--best-effort"], ["--max-abi", "3"]])
+                                   ["--pass-env", "A"], ["--best-effort"], ["--max-abi", "3"]])
 def test_spec_in_environment_and_spec_flags_is_refused(flags):
     p = run_cli(*flags, "--", "true", env=_with_go_spec({}))
     assert p.returncode == landlock.EXIT_USAGE

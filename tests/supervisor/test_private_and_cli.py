@@ -322,13 +322,27 @@ def test_run_says_the_supervisor_shut_down(lab):
 def test_run_passes_client_env(lab):
     lab.manifest("env", command="/usr/bin/env", client_env=["TOKEN"])
     svr = lab.start()
-    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--env", "TOKEN", "--env", "HOME", "env"],
+    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--pass-env", "TOKEN", "--pass-env", "HOME", "env"],
                  env={"TOKEN": "s3cret"})
     # HOME is in this environment but not in client_env: refused, nothing runs.
     assert r.returncode != 0 and b"HOME" in r.stderr, r
-    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--env", "TOKEN", "env"], env={"TOKEN": "s3cret"})
+    r = _run_cmd(["--socket", str(svr.socket_path), "run", "--pass-env", "TOKEN", "env"], env={"TOKEN": "s3cret"})
     assert r.returncode == 0, r
     assert b"TOKEN=s3cret\n" in r.stdout
+    assert b"deprecated" not in r.stderr
+
+
+@pytest.mark.timeout(30)
+def test_run_env_is_the_old_spelling_of_pass_env(lab):
+    """`run --env NAME` works for one release, with one line naming --pass-env."""
+    lab.manifest("env", command="/usr/bin/env", client_env=["TOKEN"])
+    svr = lab.start()
+    r = _run_cmd(["run", "--socket", str(svr.socket_path), "--env", "TOKEN", "--env", "TOKEN", "env"],
+                 env={"TOKEN": "s3cret"})
+    assert r.returncode == 0, r
+    assert b"TOKEN=s3cret\n" in r.stdout
+    assert [line for line in r.stderr.decode().splitlines() if "deprecated" in line] == \
+        ["landlock-supervisor: warning: run --env TOKEN is deprecated: use run --pass-env TOKEN"]
 
 
 @pytest.mark.timeout(30)
@@ -389,3 +403,15 @@ def test_ping_list_stats_commands(sv):
     assert r.returncode == 0 and json.loads(r.stdout)["fds"] > 0
     r = _run_cmd(["--socket", "/nonexistent/socket", "ping"])
     assert r.returncode == 1 and b"cannot reach the supervisor" in r.stderr
+
+
+@pytest.mark.timeout(30)
+def test_socket_after_a_command_that_talks_to_no_supervisor_is_said_once():
+    """`check --socket PATH` was accepted and unused: it still runs, for one
+    release, with one line; `--socket PATH check` (before it) stays silent."""
+    r = _run_cmd(["check", "--socket", "/nowhere", "--profiles"])
+    assert r.returncode == 0 and b"system:" in r.stdout, r
+    assert r.stderr.decode().splitlines() == \
+        ["landlock-supervisor: warning: check --socket is deprecated: check talks to no supervisor; give no --socket"]
+    r = _run_cmd(["--socket", "/nowhere", "check", "--profiles"])
+    assert (r.returncode, r.stderr) == (0, b""), r
