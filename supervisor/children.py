@@ -195,9 +195,9 @@ class Children:
         if data:
             error = ChildFailure.decode(data)
             self.stats["failed"] += 1
-            self.connections.send(session.conn, {"event": "error", "code": Code.SPAWN_FAILED, "stage": error.stage,
-                                                 "errno": error.errno, "error": f"{session.manifest.name}: {error}",
-                                                 "op": "spawn"})
+            self.connections.send(session.conn, protocol.error(
+                Code.SPAWN_FAILED, f"{session.manifest.name}: {error}", op="spawn", stage=error.stage,
+                errno=error.errno))
             session.kill_reason = "spawn_failed"
             protocol.close_all(session.pipes or [])
             session.pipes = None
@@ -221,16 +221,15 @@ class Children:
         """`spawned` (with the client's pipe ends, if it asked for pipes), then what was denied before."""
         self.stats["spawned"] += 1
         session.spawned = True
-        event = {"event": "spawned", "pid": session.pid, "pgid": session.pid, "manifest": session.manifest.name,
-                 "report": session.report, "denials": self.visibility, **(session.warm or {})}
+        event = protocol.spawned(session.pid, session.manifest.name, session.report, self.visibility, session.warm)
         pipes, session.pipes = session.pipes or [], None
         try:
             self.connections.send(session.conn, event, pipes)
         finally:
             protocol.close_all(pipes)
         if session.tally is not None:
-            for event in session.tally.early:   # what was denied before `spawned`, in order
-                self.connections.offer(session.conn, event)
+            for early in session.tally.early:   # what was denied before `spawned`, in order
+                self.connections.offer(session.conn, early)
             session.tally.early = []
         if session.exited is not None:
             self._announce_exit(session)
@@ -256,7 +255,7 @@ class Children:
             self._fresh(conn, session.manifest, launch, stdio, pipes=pipes, warm=session.warm)
         except Refused as e:
             self.stats["refused"] += 1
-            self.connections.send(conn, {"event": "error", "code": e.code, "error": str(e), "op": "spawn"})
+            self.connections.send(conn, protocol.error(e.code, str(e), op="spawn"))
 
     # ---- ending -----------------------------------------------------------
 
@@ -352,16 +351,14 @@ class Children:
         settling = self._settles(session)
         reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
         self.stats["exited"] += 1
-        event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
-        if tally is not None:
-            event["denials"] = {**tally.summary(), "final": not settling}
+        found = None
         if reason == "exited" and exited["code"] and session.conn is not None:
             # A server that stops on its own may have met file permissions, not Landlock.
             from . import dac
             found = [str(f) for f in dac.findings(session.manifest)]
-            if found:
-                event["dac"] = found
-        self.connections.send(session.conn, event)
+        self.connections.send(session.conn, protocol.exited(
+            session.pid, reason, exited, None if tally is None else {**tally.summary(), "final": not settling},
+            found))
         if session.conn is not None and session.conn.session is session:
             self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
         if settling:
@@ -408,10 +405,8 @@ class Children:
         if tally.settled:
             return
         tally.settled, tally.on_settled = True, None
-        event: dict[str, Any] = {"event": "settled", "pid": session.pid, "denials": tally.summary()}
-        if tally.kernel is None:
-            event["why"] = audit.unsettled_reason(denials.status(), tally.own is not None)
-        self.connections.send(session.conn, event)
+        why = None if tally.kernel is not None else audit.unsettled_reason(denials.status(), tally.own is not None)
+        self.connections.send(session.conn, protocol.settled(session.pid, tally.summary(), why))
         denials.forget(session)
 
     def _forget(self, session: Session) -> None:

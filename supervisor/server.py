@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state, warm
+from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, protocol, refusal, state, warm
 from . import manifest as manifests
 from .children import Children, Session
 from .confinements import Confinements
@@ -374,35 +374,33 @@ class Supervisor:
         self.pool_timer = None if due is None else self.loop.at(max(due, 0.5), self._pools_idle)
 
     def _ping(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        self.connections.send(conn, {"event": "pong", "pid": self.pid})
+        self.connections.send(conn, protocol.pong(self.pid))
 
     def _list(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         # Other uids' sessions (pids, uids, clients) are the owner's to see.
         everyone = conn.peer.uid == os.geteuid()
-        self.connections.send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
+        self.connections.send(conn, protocol.listed(sorted(self.manifests), [
             {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
              "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held,
              # What a warm server costs while it waits (docs/manifests.md).
              **({"pss_kib": procfs.pss_kib(s.pid)} if s.held else {})}
-            for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]})
+            for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]))
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        self.connections.send(conn, {"event": "stats", **self.stats, "children": len(self.children),
-                                     "zygote": self.zygote.pid,
-                                     "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
-                                     "warm": self.warm.pids(),
-                                     "connections": len(self.connections), "fds": procfs.fd_count(),
-                                     "rss_kib": procfs.rss_kib()})
+        self.connections.send(conn, protocol.stats(
+            self.stats, children=len(self.children), zygote=self.zygote.pid,
+            pooled={name: len(ready) for name, ready in self.zygote.ready.items() if ready},
+            warm=self.warm.pids(), connections=len(self.connections), fds=procfs.fd_count(),
+            rss_kib=procfs.rss_kib()))
 
     def _describe(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         m = policy.named(message.get("manifest"), self.manifests, self.withdrawn)
         # What a client may give it: `run` passes the client_env names it
         # has (an MCP client config's `env`), and says which it keeps.
-        self.connections.send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
-                                     "client_args": m.client_args,
-                                     # What it reads from the supervisor's environment (in private mode,
-                                     # run's): `run` does not call them dropped.
-                                     "uses": sorted(m.variables | set(m.inherit_env))})
+        # What it reads from the supervisor's environment (in private mode,
+        # run's), `uses`: `run` does not call them dropped.
+        self.connections.send(conn, protocol.described(m.name, sorted(m.client_env), m.client_args,
+                                                       sorted(m.variables | set(m.inherit_env))))
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their
@@ -417,8 +415,7 @@ class Supervisor:
 
     def _status(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         session = _session_of(conn, "status")
-        self.connections.send(conn, {"event": "status", "pid": session.pid, "running": session.exited is None,
-                                     "exited": session.exited})
+        self.connections.send(conn, protocol.status(session.pid, session.exited))
 
     def _signal(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         session = _session_of(conn, "signal")
@@ -430,8 +427,7 @@ class Supervisor:
         except (KeyError, ValueError):
             raise Refused(Code.BAD_SIGNAL, f"unknown signal {message.get('signal')!r}") from None
         if session.exited is not None:
-            self.connections.send(conn, {"event": "error", "code": Code.EXITED, "error": "the child has exited",
-                                         "op": "signal"})
+            self.connections.send(conn, protocol.error(Code.EXITED, "the child has exited", op="signal"))
             return
         session.kill_reason = "signalled_on_request"
         if sig == signal.SIGTERM and session.first_term is None:
@@ -443,7 +439,7 @@ class Supervisor:
                 os.kill(session.pid, sig)
         except ProcessLookupError:
             pass
-        self.connections.send(conn, {"event": "signalled", "signal": sig.value})
+        self.connections.send(conn, protocol.signalled(sig.value))
 
 
 def _session_of(conn: Connection, op: str) -> Session:
