@@ -24,7 +24,7 @@ from .loop import Loop, Periodic, Timer
 from .manifest import Manifest
 from .zygote.messages import ChildFailure
 from .zygote.pools import Gids
-from .zygote.process import Launch, ZygoteProcess
+from .zygote.process import Launch, Reaped, ZygoteProcess
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -95,9 +95,6 @@ class Children:
             protocol.close_all(pipes or [])
             self.connections.deadline(conn, self.limits.linger)
             raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
-        while self.zygote.tampered:
-            log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
-                "waited: discarded, a fresh child serves the request")
         if pooled is None:
             self._fresh(conn, m, launch, stdio, pipes=pipes, warm=warm)
             return
@@ -240,10 +237,7 @@ class Children:
         """A pooled child whose limits were changed while it waited (it
         said so and exits): the request goes to a fresh child, the client
         none the wiser."""
-        log(f"{session.manifest.name}: pooled child {session.pid} had its resource limits changed while it "
-            "waited: discarded, a fresh child serves the request")
-        if session.exited is None:
-            self.zygote.retired.add(session.pid)  # reaped as ours, not as an orphan
+        self.zygote.tampered(session.manifest.name, session.pid, reaped=session.exited is not None)
         pipes, session.pipes = session.pipes, None
         self._forget(session)
         conn = session.conn
@@ -335,11 +329,11 @@ class Children:
             session.gid = None
 
     def _reaped_other(self, pid: int, status: int, stopping: bool) -> None:
-        if self.zygote.ended(pid):
-            if not stopping:
-                log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
-                    "another starts at the next spawn")
-        elif not self.zygote.reaped(pid):
+        what = self.zygote.reaped(pid)
+        if what is Reaped.ZYGOTE and not stopping:
+            log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
+                "another starts at the next spawn")
+        elif what is Reaped.OTHER:
             self.stats["reaped_orphans"] += 1
 
     def _announce_exit(self, session: Session) -> None:

@@ -389,7 +389,7 @@ class Supervisor:
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, protocol.stats(
             self.stats, children=len(self.children), zygote=self.zygote.pid,
-            pooled={name: len(ready) for name, ready in self.zygote.ready.items() if ready},
+            pooled=self.zygote.pooled(),
             warm=self.warm.pids(), connections=len(self.connections), fds=procfs.fd_count(),
             rss_kib=procfs.rss_kib()))
 
