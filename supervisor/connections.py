@@ -13,29 +13,17 @@ import struct
 import termios
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from . import peers, procfs, protocol
 from .errors import Code, Refused, SupervisorError
 from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic
+from .session import Connection
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from typing import Any
-
-    from .children import Session
-
-
-@dataclass
-class Connection:
-    """One client connection: its socket, its peer, the session it spawned."""
-    sock: socket.socket
-    peer: peers.Peer
-    control: bool = False          # private mode's control channel
-    session: Session | None = None
-    deadline: float | None = None   # monotonic time it is closed by unless it asks for something
 
 
 if TYPE_CHECKING:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, protocol, refusal, state, warm
 from . import manifest as manifests
-from .children import Children, Session
+from .children import Children
+from .endings import Endings
 from .confinements import Confinements
 from .early import keep_stdio_open, prepare
-from .connections import Connection, Connections
+from .connections import Connections
+from .session import Connection, Session
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits
 from .log import log
@@ -26,6 +28,7 @@ from .loop import Loop, Periodic, Timer
 from .manifest import Manifest, ManifestError
 from .paths import default_socket_path
 from .survivors import Records
+from . import survivors
 from .zygote.pools import Gids
 from .zygote.boot import Booting
 from .zygote.process import Launch, ZygoteProcess
@@ -108,22 +111,22 @@ class Supervisor:
         tick = Periodic(self.loop, 1.0, self._tick)
         self.connections = Connections(self.loop, self.limits, self.own, config.allow_uids, config.allow_gids,
                                        self.stats, tick, self._dispatch, self._closed)
+        self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
+                                           config.control_fd is not None, self.connections.offer)
+        self.confinements.canary = self.visibility.canary
         private = config.control_fd is not None or not config.state_root
         records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
+        self.endings = Endings(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
+                               records, self.visibility.denials)
         self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
-                                 records, tick)
+                                 tick, self.endings, self.visibility.report)
         # Drained as `pool: auto` pools are, after the same idle time.
-        self.warm = warm.WarmServers(self.loop, self.children, self.limits, self._warm_launch,
+        self.warm = warm.WarmServers(self.loop, self.children, self.endings, self.limits, self._warm_launch,
                                      lambda: self.zygote.pid, pool_idle)
         self.handlers: dict[str, Handler] = {
             "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
             "describe": self._describe, "status": self._status, "signal": self._signal,
             "denials": self._denials}
-        self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
-                                           config.control_fd is not None, self.connections.offer)
-        self.children.denials = self.visibility.denials
-        self.children.visibility = self.visibility.report
-        self.confinements.canary = self.visibility.canary
         try:
             self.manifests, self.withdrawn = self._load_manifests()
             _starting(self.manifests, self.withdrawn)
@@ -239,7 +242,7 @@ class Supervisor:
 
     def _on_signals(self, received: set[int]) -> None:
         if signal.SIGCHLD in received:
-            self.children.reap(self.stopping)
+            self.endings.reap(self.stopping)
         if signal.SIGHUP in received:
             self._reload()
         if received & {signal.SIGTERM, signal.SIGINT}:
@@ -270,7 +273,7 @@ class Supervisor:
         self.zygote.close()  # the pooled children exit with it
         self.connections.stop_listening()
         self._remove_socket_path()
-        self.children.terminate_all(reason)
+        self.endings.terminate_all(reason)
 
     def _remove_socket_path(self) -> None:
         if self.owned_socket_path:
@@ -281,7 +284,7 @@ class Supervisor:
             self.socket_lock = None
 
     def _finish(self) -> None:
-        self.children.end_descendants()
+        survivors.end_descendants(self.pid)
         self.connections.close_all()
         self._remove_socket_path()
         self.visibility.close()
@@ -293,7 +296,7 @@ class Supervisor:
 
     def _closed(self, conn: Connection) -> None:
         self.visibility.unfollow(conn)
-        self.children.client_gone(conn)
+        self.endings.client_gone(conn)
         if conn.control:
             self.shutdown("shutdown")
 

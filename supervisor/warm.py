@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from landlock import enter
 
 from . import procfs, protocol
-from .children import Children, Session
+from .children import Children
+from .endings import Endings
 from .errors import Code, Refused
 from .limits import Limits
 from .log import log
 from .loop import Loop, Timer
 from .manifest import Manifest
+from .session import Session
 from .zygote.pools import proc_limits
 from .zygote.process import Launch
 
@@ -183,9 +185,9 @@ class WarmServers:
     when their manifest was not asked for in `idle` seconds (started again
     at its next spawn, which is fresh)."""
 
-    def __init__(self, loop: Loop, children: Children, limits: Limits, launch_of: Callable[[Manifest], Launch],
-                 zygote_pid: Callable[[], int | None], idle: float) -> None:
-        self.loop, self.children, self.limits, self.launch_of = loop, children, limits, launch_of
+    def __init__(self, loop: Loop, children: Children, endings: Endings, limits: Limits,
+                 launch_of: Callable[[Manifest], Launch], zygote_pid: Callable[[], int | None], idle: float) -> None:
+        self.loop, self.children, self.endings, self.limits, self.launch_of = loop, children, endings, limits, launch_of
         self.zygote_pid, self.idle = zygote_pid, idle
         self.manifests: dict[str, Manifest] = {}
         self.servers: dict[str, list[Warm]] = {}
@@ -195,7 +197,7 @@ class WarmServers:
         self.dormant: set[str] = set()      # drained for want of demand
         self.tending: Timer | None = None
         self.stopping = False
-        children.on_held = self._held
+        endings.on_held = self._held
 
     def serve(self, manifests: Mapping[str, Manifest]) -> None:
         """The manifests served now (at start, after a reload): every warm
@@ -341,7 +343,7 @@ class WarmServers:
         log(f"{name}: warm server {warm.session.pid} discarded: {why}")
         self._forget(warm)
         protocol.close_all(warm.pipes)
-        self.children.terminate(warm.session, "discarded")
+        self.endings.terminate(warm.session, "discarded")
         if failed:
             self._failed(name)
         else:
