@@ -1,27 +1,22 @@
-"""Running children: started through the zygote, error pipe -> spawned/failed, SIGCHLD -> exited, TERM->KILL, session gids given back.
+"""Starting children: through the zygote, fresh or pooled (a tampered pooled one replaced), error pipe -> `spawned` or the stage that failed; a held warm server handed over.
 
-Each child is a Session, keyed by pid, from its fork until its `exited`
-went out (or its failure), and its leftovers were killed.
+Each child is a Session, keyed by pid, from its fork until its end
+(supervisor/endings.py: TERM->KILL, `exited`, its gid given back) is done.
 """
 from __future__ import annotations
 
 import errno
-import functools
 import os
-import signal
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from . import audit, procfs, protocol, reap, survivors
-from .audit import SETTLE_MAX, SETTLE_WAIT
-from .connections import Connection, Connections
+from . import protocol
+from .connections import Connections
 from .denials import Denials, Tally
+from .endings import Endings
 from .errors import Code, Refused
 from .limits import Limits
-from .log import log
-from .loop import Loop, Periodic, Timer
+from .loop import Loop, Periodic
 from .manifest import Manifest
+from .session import Connection, Session
 from .zygote.messages import ChildFailure
 from .zygote.pools import Gids
 from .zygote.process import Launch, ZygoteProcess
@@ -30,49 +25,20 @@ TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy tak
 if TYPE_CHECKING:
     from typing import Any
 
-Retry = tuple[Launch, list[int]]
-
-
-@dataclass
-class Session:
-    """A spawned child, from its request to its reaping: its client, error pipe, exit, session gid, denials."""
-    pid: int
-    manifest: Manifest
-    conn: Connection | None
-    report: dict[str, Any]
-    uid: int
-    errpipe: int = -1               # open until exec (EOF) or a failure report
-    spawned: bool = False           # the `spawned` reply went out
-    exited: dict[str, Any] | None = None
-    kill_reason: str | None = None
-    record: str | None = None       # the file in sessions/ that outlives a crash
-    kill_timer: Timer | None = None
-    first_term: float | None = None  # monotonic time of the first TERM a client asked for: the grace runs from it
-    gid: int | None = None          # its session gid (Config.session_gids)
-    leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
-    retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
-                                    # execs: a fresh child's if it was tampered with
-    tally: Tally | None = None      # its denials, when they are read (supervisor/audit.py)
-    held: bool = False              # a warm server nobody's yet (supervisor/warm.py): `spawned` waits for its client
-    pipes: list[int] | None = None  # the client's ends of its stdio pipes (`stdio: "pipes"`), sent with `spawned`
-    warm: dict[str, Any] | None = None   # in `spawned`: whether a warm server served it, and if not why
-
-    def update(self, pipes: list[int] | None, warm: dict[str, Any] | None) -> "Session":
-        self.pipes, self.warm = pipes, warm
-        return self
+    from .session import Retry
 
 
 class Children:
     def __init__(self, loop: Loop, zygote: ZygoteProcess, gids: Gids | None, connections: Connections,
-                 limits: Limits, stats: dict[str, int], records: survivors.Records, tick: Periodic) -> None:
+                 limits: Limits, stats: dict[str, int], tick: Periodic, endings: Endings,
+                 visibility: dict[str, Any]) -> None:
+        """visibility: audit.Mode.describe(), in every `spawned`."""
         self.loop, self.zygote, self.gids, self.connections = loop, zygote, gids, connections
-        self.limits, self.stats, self.records, self.tick = limits, stats, records, tick
-        self.pid = os.getpid()
-        self.sessions: dict[int, Session] = {}
-        self.denials: Denials | None = None       # set when denials are read
-        self.visibility: dict[str, Any] = {"mode": "off"}   # audit.Mode.describe(), in every `spawned`
-        # A held session exec'd, failed or ended: the warm servers' (supervisor/warm.py) to look at.
-        self.on_held: Callable[[Session], None] = lambda session: None
+        self.limits, self.stats, self.tick, self.endings = limits, stats, tick, endings
+        self.sessions = endings.sessions
+        self.records = endings.records
+        self.denials: Denials | None = endings.denials
+        self.visibility = visibility
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -95,9 +61,6 @@ class Children:
             protocol.close_all(pipes or [])
             self.connections.deadline(conn, self.limits.linger)
             raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
-        while self.zygote.tampered:
-            log(f"{m.name}: pooled child {self.zygote.tampered.pop()} had its resource limits changed while it "
-                "waited: discarded, a fresh child serves the request")
         if pooled is None:
             self._fresh(conn, m, launch, stdio, pipes=pipes, warm=warm)
             return
@@ -138,7 +101,7 @@ class Children:
             try:
                 pid, errpipe, gid, canary = self.zygote.spawn(launch, stdio, gid)
             except OSError as e:
-                self.release_gid(gid)
+                self.endings.release_gid(gid)
                 if e.errno in (errno.EMFILE, errno.ENFILE):
                     raise Refused(Code.SPAWN_FAILED, f"{m.name}: out of file descriptors: {e.strerror}") from None
                 raise Refused(Code.FORK_FAILED, f"fork failed: {e.strerror or e}") from None
@@ -195,25 +158,25 @@ class Children:
         if data:
             error = ChildFailure.decode(data)
             self.stats["failed"] += 1
-            self.connections.send(session.conn, {"event": "error", "code": Code.SPAWN_FAILED, "stage": error.stage,
-                                                 "errno": error.errno, "error": f"{session.manifest.name}: {error}",
-                                                 "op": "spawn"})
+            self.connections.send(session.conn, protocol.error(
+                Code.SPAWN_FAILED, f"{session.manifest.name}: {error}", op="spawn", stage=error.stage,
+                errno=error.errno))
             session.kill_reason = "spawn_failed"
             protocol.close_all(session.pipes or [])
             session.pipes = None
             if session.conn is not None:
                 self.connections.deadline(session.conn, self.limits.linger)
             if session.held:
-                self.on_held(session)
+                self.endings.on_held(session)
             if session.exited is not None:
-                self._forget(session)
+                self.endings.forget(session)
             return
         if session.held:
-            self.on_held(session)   # exec'd: `spawned` goes out at its hand-over
+            self.endings.on_held(session)   # exec'd: `spawned` goes out at its hand-over
             if session.exited is not None:
-                self._forget(session)   # reaped already, nobody to tell
+                self.endings.forget(session)   # reaped already, nobody to tell
             elif session.kill_reason is not None:
-                self.terminate(session, session.kill_reason)   # discarded before it exec'd
+                self.endings.terminate(session, session.kill_reason)   # discarded before it exec'd
             return
         self._spawned(session)
 
@@ -221,32 +184,28 @@ class Children:
         """`spawned` (with the client's pipe ends, if it asked for pipes), then what was denied before."""
         self.stats["spawned"] += 1
         session.spawned = True
-        event = {"event": "spawned", "pid": session.pid, "pgid": session.pid, "manifest": session.manifest.name,
-                 "report": session.report, "denials": self.visibility, **(session.warm or {})}
+        event = protocol.spawned(session.pid, session.manifest.name, session.report, self.visibility, session.warm)
         pipes, session.pipes = session.pipes or [], None
         try:
             self.connections.send(session.conn, event, pipes)
         finally:
             protocol.close_all(pipes)
         if session.tally is not None:
-            for event in session.tally.early:   # what was denied before `spawned`, in order
-                self.connections.offer(session.conn, event)
+            for early in session.tally.early:   # what was denied before `spawned`, in order
+                self.connections.offer(session.conn, early)
             session.tally.early = []
         if session.exited is not None:
-            self._announce_exit(session)
+            self.endings.announce_exit(session)
         elif session.kill_reason in ("client_gone", "shutdown"):
-            self.terminate(session, session.kill_reason)
+            self.endings.terminate(session, session.kill_reason)
 
     def _replace_tampered(self, session: Session, launch: Launch, stdio: list[int]) -> None:
         """A pooled child whose limits were changed while it waited (it
         said so and exits): the request goes to a fresh child, the client
         none the wiser."""
-        log(f"{session.manifest.name}: pooled child {session.pid} had its resource limits changed while it "
-            "waited: discarded, a fresh child serves the request")
-        if session.exited is None:
-            self.zygote.retired.add(session.pid)  # reaped as ours, not as an orphan
+        self.zygote.tampered(session.manifest.name, session.pid, reaped=session.exited is not None)
         pipes, session.pipes = session.pipes, None
-        self._forget(session)
+        self.endings.forget(session)
         conn = session.conn
         if conn is None or conn.session is not session:
             protocol.close_all([*stdio, *(pipes or [])])  # the client went meanwhile
@@ -256,198 +215,4 @@ class Children:
             self._fresh(conn, session.manifest, launch, stdio, pipes=pipes, warm=session.warm)
         except Refused as e:
             self.stats["refused"] += 1
-            self.connections.send(conn, {"event": "error", "code": e.code, "error": str(e), "op": "spawn"})
-
-    # ---- ending -----------------------------------------------------------
-
-    def client_gone(self, conn: Connection) -> None:
-        session = conn.session
-        if session is not None:
-            session.conn = None
-            if session.manifest.on_disconnect == "kill" and session.exited is None:
-                self.terminate(session, "client_gone")
-
-    def terminate_all(self, reason: str) -> None:
-        for session in list(self.sessions.values()):
-            self.terminate(session, reason)
-
-    def terminate(self, session: Session, reason: str) -> None:
-        """TERM the child's process group, KILL it after the grace period."""
-        if session.exited is not None:
-            return
-        session.kill_reason = session.kill_reason if session.kill_reason == "spawn_failed" else reason
-        if session.errpipe >= 0:
-            return  # not exec'd yet: on_errpipe terminates it once it is
-        survivors.killpg(session.pid, signal.SIGTERM)  # its leader is not reaped: the group is still its own
-        if session.kill_timer is None:
-            # A client that asked for TERM and then went (`run` forwarding
-            # the MCP client's TERM, then SIGKILLed by it) has waited part
-            # of the grace already: KILL comes at that TERM + the grace.
-            waited = time.monotonic() - session.first_term if session.first_term is not None else 0.0
-            session.kill_timer = self.loop.at(max(0.0, self.limits.grace - waited),
-                                              lambda: self._kill_group(session, signal.SIGKILL))
-
-    def _kill_group(self, session: Session, sig: int) -> bool:
-        """Signal what is left of session's process group; whether any was.
-        Its leader unreaped, the pgid is still its own; once reaped, the
-        number may be another process's: the session's members are found
-        in /proc, each pinned with a pidfd and checked again (survivors.leftovers)."""
-        if session.exited is None:
-            return survivors.killpg(session.pid, sig)
-        if not survivors.killpg(session.pid, 0) and not session.leftovers:
-            return False  # nobody in the group: the common case costs one system call
-        return bool(survivors.signal_leftovers(session.pid, sig, self.pid, self._owned_elsewhere(session)))
-
-    def _owned_elsewhere(self, session: Session) -> Callable[[int], bool]:
-        """Whether a pid now leads something else of ours: another session, a
-        pooled child, the zygote (helpers live in its session)."""
-        def owned(pid: int) -> bool:
-            other = self.sessions.get(pid)
-            return (other is not None and other is not session) or self.zygote.owns(pid)
-        return owned
-
-    def reap(self, stopping: bool) -> None:
-        """SIGCHLD: every child that ended, ours or an orphan's."""
-        for pid, status, rusage in reap.reap_all():
-            session = self.sessions.get(pid)
-            if session is None:
-                self._reaped_other(pid, status, stopping)
-                continue
-            session.exited = reap.describe(status, rusage)
-            # What is left of its session goes with it: TERM now, KILL after
-            # the grace period; meanwhile its gid stays taken.
-            if self._kill_group(session, signal.SIGTERM):
-                session.leftovers = True
-                self.loop.at(self.limits.grace, functools.partial(self._kill_leftovers, session))
-            if session.errpipe >= 0:
-                continue  # on_errpipe reports it, in order
-            if session.held:
-                self.on_held(session)
-            if session.spawned:
-                self._announce_exit(session)
-            else:
-                self._forget(session)
-
-    def _kill_leftovers(self, session: Session) -> None:
-        self._kill_group(session, signal.SIGKILL)
-        session.leftovers = False
-        if self.sessions.get(session.pid) is not session:  # forgotten meanwhile: the gid was kept for this
-            self.release_gid(session.gid)
-            session.gid = None
-
-    def _reaped_other(self, pid: int, status: int, stopping: bool) -> None:
-        if self.zygote.ended(pid):
-            if not stopping:
-                log(f"the zygote (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
-                    "another starts at the next spawn")
-        elif not self.zygote.reaped(pid):
-            self.stats["reaped_orphans"] += 1
-
-    def _announce_exit(self, session: Session) -> None:
-        """`exited` at once, with the denials counted so far; where the
-        kernel's own count is still to come, `settled` follows it."""
-        exited = session.exited
-        assert exited is not None
-        tally = session.tally
-        settling = self._settles(session)
-        reason = session.kill_reason or ("exited" if exited["code"] is not None else "signalled")
-        self.stats["exited"] += 1
-        event = {"event": "exited", "pid": session.pid, "reason": reason, **exited}
-        if tally is not None:
-            event["denials"] = {**tally.summary(), "final": not settling}
-        if reason == "exited" and exited["code"] and session.conn is not None:
-            # A server that stops on its own may have met file permissions, not Landlock.
-            from . import dac
-            found = [str(f) for f in dac.findings(session.manifest)]
-            if found:
-                event["dac"] = found
-        self.connections.send(session.conn, event)
-        if session.conn is not None and session.conn.session is session:
-            self.connections.deadline(session.conn, self.limits.linger)  # closed then, unless it asks for something
-        if settling:
-            self._settle_later(session, SETTLE_WAIT)
-        self._forget(session)
-
-    def _settles(self, session: Session) -> bool:
-        """Whether a `settled` event follows its `exited`: the kernel's count
-        is to come for a domain known, or for one whose canary's record is
-        not read yet (a child that ends within a few ms of its canary
-        denial: the records come through the kernel's audit thread). Its
-        tally stays known by its canary and its domains until then, never
-        by its pid (issue 20.2)."""
-        tally, denials = session.tally, self.denials
-        if tally is None or session.conn is None or denials is None or tally.settled or tally.kernel is not None:
-            return False
-        return denials.awaits(session) or (tally.own is None and tally.canary is not None)
-
-    def _settle_later(self, session: Session, waited: float) -> None:
-        """The kernel's count comes ~60 ms after the domain's last process:
-        waited for, a little longer while the reader is behind, never long.
-        The session is forgotten meanwhile (its pid may serve another);
-        its canary and its domains stay its own until then."""
-        assert session.tally is not None and self.denials is not None
-        denials = self.denials
-
-        def expired() -> None:
-            if waited < SETTLE_MAX and denials.behind():
-                self._settle_later(session, waited + SETTLE_WAIT)
-            else:
-                self._settled(session)
-        timer = self.loop.at(SETTLE_WAIT, expired)
-
-        def settled() -> None:
-            timer.cancel()
-            self._settled(session)
-        session.tally.on_settled = settled
-
-    def _settled(self, session: Session) -> None:
-        """`settled`: the session's denials in all, the kernel's count
-        included when it came (else why not), and its domains forgotten."""
-        tally, denials = session.tally, self.denials
-        assert tally is not None and denials is not None
-        if tally.settled:
-            return
-        tally.settled, tally.on_settled = True, None
-        event: dict[str, Any] = {"event": "settled", "pid": session.pid, "denials": tally.summary()}
-        if tally.kernel is None:
-            event["why"] = audit.unsettled_reason(denials.status(), tally.own is not None)
-        self.connections.send(session.conn, event)
-        denials.forget(session)
-
-    def _forget(self, session: Session) -> None:
-        if session.kill_timer is not None:
-            session.kill_timer.cancel()
-        if self.denials is not None and session.tally is not None and session.tally.on_settled is None:
-            self.denials.forget(session)   # (else once settled)
-        if self.sessions.get(session.pid) is session:  # not a newer child with the same pid
-            del self.sessions[session.pid]
-        if session.retry is not None:
-            protocol.close_all(session.retry[1])
-            session.retry = None
-        protocol.close_all(session.pipes or [])
-        session.pipes = None
-        if not session.leftovers:  # else at their KILL
-            self.release_gid(session.gid)
-            session.gid = None
-        self.records.remove(session.record)
-
-    def release_gid(self, gid: int | None) -> None:
-        if self.gids is not None:
-            self.gids.release(gid)
-
-    def end_descendants(self) -> None:
-        """At the end: reparented descendants that outlived their session's
-        leader; killing one orphans its own children to us in turn."""
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            left = procfs.children_of(self.pid)
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            for _ in reap.reap_all():
-                pass
-            time.sleep(0.01)
+            self.connections.send(conn, protocol.error(e.code, str(e), op="spawn"))

@@ -13,29 +13,17 @@ import struct
 import termios
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from . import peers, procfs, protocol
 from .errors import Code, Refused, SupervisorError
 from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic
+from .session import Connection
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
     from typing import Any
-
-    from .children import Session
-
-
-@dataclass
-class Connection:
-    """One client connection: its socket, its peer, the session it spawned."""
-    sock: socket.socket
-    peer: peers.Peer
-    control: bool = False          # private mode's control channel
-    session: Session | None = None
-    deadline: float | None = None   # monotonic time it is closed by unless it asks for something
 
 
 if TYPE_CHECKING:
@@ -96,7 +84,7 @@ class Connections:
             refusal = self._refusal(peer, max(sock.fileno(), peer.pidfd))
             if refusal:
                 self.stats["refused"] += 1
-                self.reply(sock, {"event": "error", "code": refusal.code, "error": str(refusal)})
+                self.reply(sock, protocol.error(refusal.code, str(refusal)))
                 peer.close()
                 sock.close()
                 continue
@@ -185,7 +173,7 @@ class Connections:
         sock.setblocking(False)
         peer = peers.Peer(control.peer.pid, control.peer.uid, control.peer.gid)
         if len(self.open) >= self.limits.connections:
-            self.reply(sock, {"event": "error", "code": Code.TOO_MANY_CONNECTIONS, "error": "too many connections"})
+            self.reply(sock, protocol.error(Code.TOO_MANY_CONNECTIONS, "too many connections"))
             sock.close()
             return
         self.add(sock, peer)
@@ -210,8 +198,7 @@ class Connections:
         if conn.sock.fileno() not in self.open:
             return
         if conn.session is None:
-            self.reply(conn.sock, {"event": "error", "code": Code.TIMEOUT,
-                                   "error": f"no request within {self.limits.request_deadline} s"})
+            self.reply(conn.sock, protocol.error(Code.TIMEOUT, f"no request within {self.limits.request_deadline} s"))
             self.close(conn)
         elif conn.session.exited is not None or conn.session.kill_reason == "spawn_failed":
             self.close(conn)  # its child is gone and it asked for nothing since
@@ -272,7 +259,7 @@ class Connections:
             return
         except protocol.ProtocolError as e:
             self.stats["refused"] += 1
-            self.send(conn, {"event": "error", "code": e.code, "error": str(e)})
+            self.send(conn, protocol.error(e.code, str(e)))
             return
         except OSError:
             self.close(conn)
@@ -287,10 +274,10 @@ class Connections:
         except SupervisorError as e:
             protocol.close_all(fds)
             self.stats["refused"] += 1
-            self.send(conn, {"event": "error", "code": e.code, "error": str(e), "op": message.get("op")})
+            self.send(conn, protocol.error(e.code, str(e), op=message.get("op")))
         except Exception as e:
             protocol.close_all(fds)
             self.stats["refused"] += 1
             log(f"internal error on {message.get('op')!r}: {type(e).__name__}: {e}")
-            self.send(conn, {"event": "error", "code": Code.INTERNAL,
-                             "error": f"internal error: {type(e).__name__}: {e}", "op": message.get("op")})
+            self.send(conn, protocol.error(
+                Code.INTERNAL, f"internal error: {type(e).__name__}: {e}", op=message.get("op")))

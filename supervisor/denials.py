@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from landlock import audit, rights
 
-from . import refusal
+from . import protocol, refusal
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -317,13 +317,9 @@ class Denials:
         tally.seen[key] = 1
         tally.shown += 1
         allow, why = allow_line(access.blockers, access.path if kind == "path" else None, access.port, self.known)
-        event: dict[str, Any] = {
-            "event": "denied", "pid": session.pid, "manifest": session.manifest.name,
-            "rights": list(access.blockers), "kind": kind, "object": obj,
-            "process": None if syscall is None else {"pid": syscall.pid, "comm": syscall.comm, "exe": syscall.exe},
-            "allow": allow}
-        if why is not None:
-            event["why_not"] = why
+        event = protocol.denied(
+            session.pid, session.manifest.name, list(access.blockers), kind, obj,
+            None if syscall is None else {"pid": syscall.pid, "comm": syscall.comm, "exe": syscall.exe}, allow, why)
         self.recent.append({**event, "time": time.time(), "uid": session.uid})
         self.follow(event, session.uid)
         if not session.spawned:

@@ -34,6 +34,88 @@ class ProtocolError(SupervisorError):
         super().__init__(message, code)
 
 
+# ---- the supervisor's events (docs/protocol.md), one builder each ------------
+# The keys go on the wire in the order written here.
+
+Event = dict[str, "Any"]
+_UNASKED: Any = object()   # an `error` that answers no request (a refused peer, a timeout) names no `op`
+
+
+def error(code: Code, text: str, *, op: Any = _UNASKED, stage: str | None = None,
+          errno: int | None = None) -> Event:
+    """`error`: op echoes the request's (even a missing one, as null); a
+    spawn that failed in the child names its `stage` and `errno`."""
+    event: Event = {"event": "error", "code": code}
+    if stage is not None:
+        event["stage"], event["errno"] = stage, errno
+    event["error"] = text
+    if op is not _UNASKED:
+        event["op"] = op
+    return event
+
+
+def spawned(pid: int, manifest: str, report: dict[str, Any], denials: dict[str, Any],
+            warm: dict[str, Any] | None) -> Event:
+    """`spawned`: the child leads its own process group; `warm` says whether a warm server served it."""
+    return {"event": "spawned", "pid": pid, "pgid": pid, "manifest": manifest, "report": report,
+            "denials": denials, **(warm or {})}
+
+
+def exited(pid: int, reason: str, status: dict[str, Any], denials: dict[str, Any] | None = None,
+           dac: list[str] | None = None) -> Event:
+    """`exited`: status is reap.describe's; denials the tally so far (with `final`); dac what file permissions stopped."""
+    event: Event = {"event": "exited", "pid": pid, "reason": reason, **status}
+    if denials is not None:
+        event["denials"] = denials
+    if dac:
+        event["dac"] = dac
+    return event
+
+
+def settled(pid: int, denials: dict[str, Any], why: str | None = None) -> Event:
+    """`settled`: the session's denials in all; `why` when the kernel's count never came."""
+    event: Event = {"event": "settled", "pid": pid, "denials": denials}
+    if why is not None:
+        event["why"] = why
+    return event
+
+
+def denied(pid: int, manifest: str, rights: list[str], kind: str, obj: str, process: dict[str, Any] | None,
+           allow: str | None, why_not: str | None) -> Event:
+    """`denied`: one distinct denial of a session, with the line that would allow it (or why none)."""
+    event: Event = {"event": "denied", "pid": pid, "manifest": manifest, "rights": rights, "kind": kind,
+                    "object": obj, "process": process, "allow": allow}
+    if why_not is not None:
+        event["why_not"] = why_not
+    return event
+
+
+def pong(pid: int) -> Event:
+    return {"event": "pong", "pid": pid}
+
+
+def listed(manifests: list[str], children: list[dict[str, Any]]) -> Event:
+    return {"event": "list", "manifests": manifests, "children": children}
+
+
+def stats(counters: dict[str, int], **now: Any) -> Event:
+    """`stats`: the counters since the start, then what is so now (children, zygote, pools...)."""
+    return {"event": "stats", **counters, **now}
+
+
+def described(manifest: str, client_env: list[str], client_args: bool, uses: list[str]) -> Event:
+    return {"event": "described", "manifest": manifest, "client_env": client_env, "client_args": client_args,
+            "uses": uses}
+
+
+def status(pid: int, exited: dict[str, Any] | None) -> Event:
+    return {"event": "status", "pid": pid, "running": exited is None, "exited": exited}
+
+
+def signalled(signal: int) -> Event:
+    return {"event": "signalled", "signal": signal}
+
+
 def relative_arg(arg: str) -> bool:
     """An argument a spawn's `cwd` resolves: `.`, `..`, `./...`, `../...`."""
     return arg in (".", "..") or arg.startswith(("./", "../"))

@@ -1,4 +1,4 @@
-"""The fork-server: wires loop, connections, policy, confinements, zygote and children; the op -> handler table; reload and shutdown.
+"""The fork-server: wires loop, connections, policy, confinements, zygote, children and their endings, warm servers and the other operations; spawn; reload and shutdown.
 
 One thread, one selectors loop, for its whole life. A spawn goes one way:
 connections -> handler -> policy.admit/check_stdio/plan_spawn -> confinements -> zygote
@@ -6,28 +6,28 @@ connections -> handler -> policy.admit/check_stdio/plan_spawn -> confinements ->
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
-import time
 from dataclasses import dataclass, field
 
-from . import audit, denials, ids, listener, namespaces, peers, policy, procfs, refusal, state, warm
-from . import manifest as manifests
-from .children import Children, Session
+from . import audit, ids, listener, namespaces, peers, policy, served, survivors, warm
+from .children import Children
 from .confinements import Confinements
+from .connections import Connections
 from .early import keep_stdio_open, prepare
-from .connections import Connection, Connections
+from .endings import Endings
 from .errors import Code, Refused
 from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic, Timer
 from .manifest import Manifest, ManifestError
+from .operations import Operations
 from .paths import default_socket_path
+from .session import Connection
 from .survivors import Records
-from .zygote.pools import Gids
 from .zygote.boot import Booting
+from .zygote.pools import Gids
 from .zygote.process import Launch, ZygoteProcess
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
@@ -108,25 +108,24 @@ class Supervisor:
         tick = Periodic(self.loop, 1.0, self._tick)
         self.connections = Connections(self.loop, self.limits, self.own, config.allow_uids, config.allow_gids,
                                        self.stats, tick, self._dispatch, self._closed)
-        private = config.control_fd is not None or not config.state_root
-        records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
-        self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
-                                 records, tick)
-        # Drained as `pool: auto` pools are, after the same idle time.
-        self.warm = warm.WarmServers(self.loop, self.children, self.limits, self._warm_launch,
-                                     lambda: self.zygote.pid, pool_idle)
-        self.handlers: dict[str, Handler] = {
-            "spawn": self._spawn, "ping": self._ping, "list": self._list, "stats": self._stats,
-            "describe": self._describe, "status": self._status, "signal": self._signal,
-            "denials": self._denials}
         self.visibility = audit.Visibility(self.loop, config.audit, config.audit_nested,
                                            config.control_fd is not None, self.connections.offer)
-        self.children.denials = self.visibility.denials
-        self.children.visibility = self.visibility.report
         self.confinements.canary = self.visibility.canary
+        private = config.control_fd is not None or not config.state_root
+        records = Records(None if private else os.path.join(config.state_root or "", "sessions"))
+        self.endings = Endings(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
+                               records, self.visibility.denials)
+        self.children = Children(self.loop, self.zygote, self.gids, self.connections, self.limits, self.stats,
+                                 tick, self.endings, self.visibility.report)
+        # Drained as `pool: auto` pools are, after the same idle time.
+        self.warm = warm.WarmServers(self.loop, self.children, self.endings, self.limits, self._warm_launch,
+                                     lambda: self.zygote.pid, pool_idle)
+        operations = Operations(self.connections, self.children, self.zygote, self.warm, self.visibility, self.stats,
+                                lambda: (self.manifests, self.withdrawn))
+        self.handlers: dict[str, Handler] = {"spawn": self._spawn, **operations.handlers()}
         try:
             self.manifests, self.withdrawn = self._load_manifests()
-            _starting(self.manifests, self.withdrawn)
+            served.starting(self.manifests, self.withdrawn)
         except BaseException:
             self.visibility.close()
             raise
@@ -135,65 +134,23 @@ class Supervisor:
     # ---- start-up, reload, shutdown ------------------------------------
 
     def _load_manifests(self) -> tuple[dict[str, Manifest], dict[str, str]]:
-        """The manifests served, and why each other one is not (name -> one
-        line naming its file): one that does not load, or is refused here,
-        never stops the others."""
-        table = None
-        if os.geteuid() == 0 and self.config.state_root:
-            table = ids.Table(self.config.dynamic_uids_of or self.config.state_root, self.config.dynamic_uids)
-        parsed = state.parsed_directory(self.config.state_root, log) if self.config.state_root else None
-        loaded, broken = manifests.load_each(
-            self.config.manifest_paths, only=self.config.only, warn=log, state_root=self.config.state_root,
-            parsed=parsed, dynamic_uid=(lambda name: table.assign([name], log)[name]) if table else None)
-        withdrawn = {b.name: b.error for b in broken}
-        served = {}
-        for m in loaded.values():
-            held = manifests.writable_holding(m.source, loaded.values())
-            if held:
-                withdrawn[m.name] = (f"{m.source}: refused: it lies inside {held[0].name}'s writable grant "
-                                     f"{held[1]}, where that server could rewrite it")
-                continue
-            spec, warning = self.visibility.logged(m.spec)
-            m = dataclasses.replace(m, spec=spec)
-            if warning:
-                log(f"{m.source}: warning: {warning}")
-            why = self._refusal(m)
-            if why is not None:
-                withdrawn[m.name] = f"{m.source}: refused: {why}"
-                continue
-            for warning in m.warnings:
-                log(f"{m.source}: warning: {warning}")
-            served[m.name] = m
+        """The manifests served, and why each other one is not (served.load)."""
+        loaded, withdrawn = served.load(self.config, self.visibility.logged)
         if self.isolation is not None:
-            self.isolation.users(_dynamic_users(served))
-        return served, withdrawn
-
-    def _refusal(self, m: Manifest) -> str | None:
-        """Why a manifest that loads is not served by this supervisor, or None.
-        Each reason is one check here; state.prepare, which creates its
-        state, comes last."""
-        if m.runs_as_root and not self.config.allow_root_servers:
-            why = "allow_root: true" if m.allow_root else f"user {m.spec.user!r} is uid 0"
-            return f"it runs as root ({why}), which needs `serve --allow-root-servers`"
-        return state.prepare(m, log)
+            self.isolation.users(served.dynamic_users(loaded))
+        return loaded, withdrawn
 
     def _protect(self) -> None:
-        """What the denial lines never propose (refusal.py): the homes of
-        passwd and ours, each server's HOME, our state root, parsed
-        manifests and socket directory."""
-        if self.visibility.denials is None:
-            return
-        root = self.config.state_root
-        homes = {*denials.home_dirs(), *(dict(m.env).get("HOME") for m in self.manifests.values())}
-        own = [root, root and os.path.join(root, "parsed"),
-               self.config.socket_path and os.path.dirname(os.path.abspath(self.config.socket_path))]
-        self.visibility.denials.known = refusal.known(homes, own)
+        """What the denial lines never propose (served.protected)."""
+        if self.visibility.denials is not None:
+            self.visibility.denials.known = served.protected(self.manifests.values(), self.config.state_root,
+                                                             self.config.socket_path)
 
     def serve(self) -> int:
         if self.booting is None:
             self.isolation = prepare(self.config.state_root)
             if self.isolation is not None:
-                self.isolation.users(_dynamic_users(self.manifests))
+                self.isolation.users(served.dynamic_users(self.manifests))
         booting, self.booting = self.booting, None
         try:
             self.zygote.start(booting)  # after prepare(): it inherits what that did
@@ -239,7 +196,7 @@ class Supervisor:
 
     def _on_signals(self, received: set[int]) -> None:
         if signal.SIGCHLD in received:
-            self.children.reap(self.stopping)
+            self.endings.reap(self.stopping)
         if signal.SIGHUP in received:
             self._reload()
         if received & {signal.SIGTERM, signal.SIGINT}:
@@ -270,7 +227,7 @@ class Supervisor:
         self.zygote.close()  # the pooled children exit with it
         self.connections.stop_listening()
         self._remove_socket_path()
-        self.children.terminate_all(reason)
+        self.endings.terminate_all(reason)
 
     def _remove_socket_path(self) -> None:
         if self.owned_socket_path:
@@ -281,7 +238,7 @@ class Supervisor:
             self.socket_lock = None
 
     def _finish(self) -> None:
-        self.children.end_descendants()
+        survivors.end_descendants(self.pid)
         self.connections.close_all()
         self._remove_socket_path()
         self.visibility.close()
@@ -293,7 +250,7 @@ class Supervisor:
 
     def _closed(self, conn: Connection) -> None:
         self.visibility.unfollow(conn)
-        self.children.client_gone(conn)
+        self.endings.client_gone(conn)
         if conn.control:
             self.shutdown("shutdown")
 
@@ -372,98 +329,3 @@ class Supervisor:
         """Drain the adaptive pools no longer in demand; again when the next may be."""
         due = self.zygote.drain_idle()
         self.pool_timer = None if due is None else self.loop.at(max(due, 0.5), self._pools_idle)
-
-    def _ping(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        self.connections.send(conn, {"event": "pong", "pid": self.pid})
-
-    def _list(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        # Other uids' sessions (pids, uids, clients) are the owner's to see.
-        everyone = conn.peer.uid == os.geteuid()
-        self.connections.send(conn, {"event": "list", "manifests": sorted(self.manifests), "children": [
-            {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
-             "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held,
-             # What a warm server costs while it waits (docs/manifests.md).
-             **({"pss_kib": procfs.pss_kib(s.pid)} if s.held else {})}
-            for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]})
-
-    def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        self.connections.send(conn, {"event": "stats", **self.stats, "children": len(self.children),
-                                     "zygote": self.zygote.pid,
-                                     "pooled": {name: len(ready) for name, ready in self.zygote.ready.items() if ready},
-                                     "warm": self.warm.pids(),
-                                     "connections": len(self.connections), "fds": procfs.fd_count(),
-                                     "rss_kib": procfs.rss_kib()})
-
-    def _describe(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        m = policy.named(message.get("manifest"), self.manifests, self.withdrawn)
-        # What a client may give it: `run` passes the client_env names it
-        # has (an MCP client config's `env`), and says which it keeps.
-        self.connections.send(conn, {"event": "described", "manifest": m.name, "client_env": sorted(m.client_env),
-                                     "client_args": m.client_args,
-                                     # What it reads from the supervisor's environment (in private mode,
-                                     # run's): `run` does not call them dropped.
-                                     "uses": sorted(m.variables | set(m.inherit_env))})
-
-    def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        """The recent denials this peer may see (the owner: all; others: their
-        sessions'), newest last; with follow, each new one as it comes."""
-        follow = message.get("follow", False)
-        if not isinstance(follow, bool):
-            raise Refused(Code.BAD_REQUEST, "'follow' must be true or false")
-        self.connections.send(conn, self.visibility.reply(conn.peer.uid, conn.peer.uid == os.geteuid()))
-        if follow:
-            conn.deadline = None
-            self.visibility.followers.append(conn)
-
-    def _status(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        session = _session_of(conn, "status")
-        self.connections.send(conn, {"event": "status", "pid": session.pid, "running": session.exited is None,
-                                     "exited": session.exited})
-
-    def _signal(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
-        session = _session_of(conn, "signal")
-        sig = message.get("signal", signal.SIGTERM)
-        try:
-            if isinstance(sig, bool):  # JSON true is no signal number
-                raise ValueError(sig)
-            sig = signal.Signals[sig] if isinstance(sig, str) else signal.Signals(sig)
-        except (KeyError, ValueError):
-            raise Refused(Code.BAD_SIGNAL, f"unknown signal {message.get('signal')!r}") from None
-        if session.exited is not None:
-            self.connections.send(conn, {"event": "error", "code": Code.EXITED, "error": "the child has exited",
-                                         "op": "signal"})
-            return
-        session.kill_reason = "signalled_on_request"
-        if sig == signal.SIGTERM and session.first_term is None:
-            session.first_term = time.monotonic()
-        try:
-            if message.get("group", True):
-                os.killpg(session.pid, sig)
-            else:
-                os.kill(session.pid, sig)
-        except ProcessLookupError:
-            pass
-        self.connections.send(conn, {"event": "signalled", "signal": sig.value})
-
-
-def _session_of(conn: Connection, op: str) -> Session:
-    if conn.session is None:
-        raise Refused(Code.NO_CHILD, f"{op!r} needs a spawned child on this connection")
-    return conn.session
-
-
-def _starting(served: dict[str, Manifest], withdrawn: dict[str, str]) -> None:
-    """Each manifest not served, one line; none served while some are
-    named: not starting (with the one's own error when it is one)."""
-    if withdrawn and not served:
-        if len(withdrawn) == 1:
-            raise ManifestError(next(iter(withdrawn.values())))
-        for why in withdrawn.values():
-            log(why)
-        raise ManifestError(f"none of the {len(withdrawn)} manifests is served (each is named above)")
-    for why in withdrawn.values():
-        log(f"{why}: not served")
-
-
-def _dynamic_users(loaded: dict[str, Manifest]) -> dict[int, str]:
-    return {m.uid: ids.user_name(m.name) for m in loaded.values() if m.dynamic and m.uid is not None}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 
-from . import peers, procfs
+from . import peers, procfs, reap
 
 Owned = Callable[[int], bool]
 
@@ -125,3 +126,21 @@ class Records:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def end_descendants(supervisor: int) -> None:
+    """At the end: the supervisor's reparented descendants that outlived
+    their session's leader; killing one orphans its own children to us in turn."""
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        left = procfs.children_of(supervisor)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _ in reap.reap_all():
+            pass
+        time.sleep(0.01)

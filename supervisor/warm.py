@@ -14,7 +14,7 @@ off the request's path.
 
 Never handed out: a server that exited, wrote to its stdout (it answered
 nobody: it is not the process a fresh spawn would be), was stopped, or
-whose limits or scheduling are not as forked (`tampered`); one older than
+whose limits or scheduling are not as forked (`tamper.tampered`); one older than
 warm_max_age; one of a manifest since reloaded (all retired at each
 reload). What it wrote to stderr stays in its pipe (bounded by the pipe's
 size: a server that writes more waits) and is the client's to read, as a
@@ -24,22 +24,21 @@ replaced after a backoff that doubles, so a crashing server cannot spin.
 from __future__ import annotations
 
 import os
-import resource
 import select
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from landlock import enter
-
-from . import procfs, protocol
-from .children import Children, Session
+from . import protocol
+from .children import Children
+from .endings import Endings
 from .errors import Code, Refused
 from .limits import Limits
 from .log import log
 from .loop import Loop, Timer
 from .manifest import Manifest
-from .zygote.pools import proc_limits
+from .session import Session
+from .tamper import Scheduling, as_forked, limits_of, scheduling_of, tampered
 from .zygote.process import Launch
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 300.0
 TEND = 5.0               # seconds between looks at demand and at room under the children limit
 STABLE = 10.0            # a server that waited this long was no failure, whatever ended it
-_SCHED_RESET_ON_FORK = 0x40000000
-_KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
 # The request fields that always mean a fresh spawn (the issue's list).
 _CLIENT_FIELDS = (("args", "client args"), ("env", "a client environment"), ("cwd", "a client cwd"),
                   ("narrow", "a narrowing"))
@@ -84,83 +81,6 @@ def pipes() -> tuple[list[int], list[int]]:
     return [ends[0], ends[3], ends[5]], [ends[1], ends[2], ends[4]]
 
 
-@dataclass(frozen=True)
-class Scheduling:
-    """What another process of the server's uid could change while it waits."""
-    policy: int
-    nice: int
-    affinity: frozenset[int]
-    ioprio: int = -1   # (ioprio_set checks uids only, as renice does)
-
-
-def as_forked(policy: int, nice: int, affinity: frozenset[int], ioprio: int = -1) -> Scheduling:
-    """A child's scheduling, forked by a zygote with these: its
-    SCHED_RESET_ON_FORK makes a real-time or deadline policy SCHED_OTHER
-    and a negative nice 0 (zygote.main._reset_scheduling); the child's
-    own steps make a real-time I/O class best-effort (enter.reset_io_priority)."""
-    ioprio = enter.io_priority_after_reset(ioprio) if ioprio >= 0 else ioprio
-    if not policy & _SCHED_RESET_ON_FORK:
-        return Scheduling(policy, nice, affinity, ioprio)
-    policy &= ~_SCHED_RESET_ON_FORK
-    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity, ioprio)
-
-
-def scheduling_of(pid: int) -> Scheduling:
-    return Scheduling(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid),
-                      frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid))
-
-
-def _below(soft: int, floor: int) -> bool:
-    inf = float("inf")
-    as_num: Callable[[int], float] = lambda v: inf if v == resource.RLIM_INFINITY else v  # noqa: E731
-    return as_num(soft) < as_num(floor)
-
-
-def limits_tampered(now: Mapping[int, tuple[int, int]], forked: Mapping[int, tuple[int, int]]) -> str | None:
-    """A hard limit changed, or a soft one below what it was forked with
-    (raising a soft limit, as node does with NOFILE, is not tampering)."""
-    for res, (soft, hard) in forked.items():
-        got_soft, got_hard = now.get(res, (soft, hard))
-        if got_hard != hard:
-            return f"its hard limit {res} is {got_hard}, not {hard}"
-        if _below(got_soft, soft):
-            return f"its soft limit {res} is {got_soft}, below {soft}"
-    return None
-
-
-def parse_limits(text: bytes) -> dict[int, tuple[int, int]]:
-    """/proc/PID/limits (readable by anyone, where prlimit(2) of another uid
-    and gid needs CAP_SYS_RESOURCE): resource -> (soft, hard), its lines in
-    the resources' order, each "%-25s %-20s %-20s %-10s"."""
-    def value(line: str, start: int) -> int:
-        v = line[start:start + 20].strip()
-        return resource.RLIM_INFINITY if v == "unlimited" else int(v)
-    return {res: (value(line, 26), value(line, 47)) for res, line in enumerate(text.decode().splitlines()[1:])}
-
-
-def _limits_of(pid: int) -> dict[int, tuple[int, int]]:
-    text = proc_limits(pid)
-    if text is None:
-        raise OSError(0, f"/proc/{pid}/limits cannot be read")
-    return parse_limits(text)
-
-
-def tampered(pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> str | None:
-    """Why the server pid is not as it was forked, or None; any failure to
-    look is a reason."""
-    state = procfs.state(pid)
-    if state in (None, "T", "t", "Z", "X"):
-        return f"it is in state {state or 'gone'} (stopped, traced or dead)"
-    try:
-        why = limits_tampered(_limits_of(pid), limits)
-        now = scheduling_of(pid)
-    except (OSError, IndexError, ValueError) as e:
-        return f"it cannot be looked at: {e}"
-    if why is None and now != scheduling:
-        why = f"its scheduling is {now}, not {scheduling} as forked"
-    return why
-
-
 @dataclass
 class Warm:
     """One warm server: its session (held), what it was started as, the
@@ -183,9 +103,9 @@ class WarmServers:
     when their manifest was not asked for in `idle` seconds (started again
     at its next spawn, which is fresh)."""
 
-    def __init__(self, loop: Loop, children: Children, limits: Limits, launch_of: Callable[[Manifest], Launch],
-                 zygote_pid: Callable[[], int | None], idle: float) -> None:
-        self.loop, self.children, self.limits, self.launch_of = loop, children, limits, launch_of
+    def __init__(self, loop: Loop, children: Children, endings: Endings, limits: Limits,
+                 launch_of: Callable[[Manifest], Launch], zygote_pid: Callable[[], int | None], idle: float) -> None:
+        self.loop, self.children, self.endings, self.limits, self.launch_of = loop, children, endings, limits, launch_of
         self.zygote_pid, self.idle = zygote_pid, idle
         self.manifests: dict[str, Manifest] = {}
         self.servers: dict[str, list[Warm]] = {}
@@ -195,7 +115,7 @@ class WarmServers:
         self.dormant: set[str] = set()      # drained for want of demand
         self.tending: Timer | None = None
         self.stopping = False
-        children.on_held = self._held
+        endings.on_held = self._held
 
     def serve(self, manifests: Mapping[str, Manifest]) -> None:
         """The manifests served now (at start, after a reload): every warm
@@ -318,7 +238,7 @@ class WarmServers:
             raise OSError(0, "the zygote is not running")
         scheduling = scheduling_of(zygote)
         scheduling = as_forked(scheduling.policy, scheduling.nice, scheduling.affinity, scheduling.ioprio)
-        limits = _limits_of(zygote)
+        limits = limits_of(zygote)
         limits.update({res: (soft, hard) for res, soft, hard in launch.confinement.entry.rlimits})
         return scheduling, limits
 
@@ -341,7 +261,7 @@ class WarmServers:
         log(f"{name}: warm server {warm.session.pid} discarded: {why}")
         self._forget(warm)
         protocol.close_all(warm.pipes)
-        self.children.terminate(warm.session, "discarded")
+        self.endings.terminate(warm.session, "discarded")
         if failed:
             self._failed(name)
         else:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import landlock
 
+from . import messages
 from .messages import Pooled, PoolFailed, Unused
 
 
@@ -134,7 +135,7 @@ class Pools:
         self.gid_of: dict[int, int] = {}  # pooled children sent away: their gids, until reaped
         self.outstanding: set[int] = set()  # gids sent to the zygote for children not yet announced
         self.limits = b""   # /proc/<zygote>/limits: what a pooled child has until its hand-over
-        self.tampered: list[int] = []  # pooled children found with other limits, sent away (the caller logs them)
+        self.tampered: list[int] = []  # pooled children found with other limits, sent away, until discarded() says so
 
     def gid(self, wanted: bool) -> int | None:
         """A session gid for a pooled child (if `wanted`); raises OSError when none is free."""
@@ -184,6 +185,27 @@ class Pools:
             return child
         return None
 
+    def hand(self, name: str, request: bytes, fds: list[int]) -> Waiting | None:
+        """The request (and fds: the client's stdio, the error pipe) handed
+        to a ready child of pool `name`, now the caller's; None when none took it."""
+        while (child := self.waiting(name)) is not None:
+            try:
+                messages.send(child.handover, request, fds)
+            except OSError:
+                # Died before its use (a child that dies young does so
+                # again: no refill for it; the fresh spawn reports why).
+                self.send_away(child)
+                continue
+            finally:
+                child.handover.close()
+            return child
+        return None
+
+    def discarded(self) -> list[int]:
+        """The children found tampered with since last asked."""
+        found, self.tampered = self.tampered, []
+        return found
+
     def send_away(self, child: Waiting) -> None:
         self.retired.add(child.pid)
         if child.gid is not None:
@@ -194,6 +216,19 @@ class Pools:
             self.send_away(child)
             child.handover.close()
         self.running.pop(name, None)
+
+    def collect(self, events: socket.socket) -> bool:
+        """Take in the zygote's announcements on its events channel; False at the channel's end."""
+        while True:
+            try:
+                message, fds = messages.receive(events, 4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except (OSError, ValueError):
+                return False
+            if message is None:
+                return False
+            self.announced(message, fds)
 
     def announced(self, message: tuple, fds: list[int]) -> None:
         """What the zygote said on its events channel."""

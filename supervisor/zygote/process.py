@@ -18,11 +18,14 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from enum import Enum
+
 import landlock
 
+from ..log import log
 from . import boot, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
-from .pools import Demand, Gids, Pools, Waiting, proc_limits
+from .pools import Demand, Gids, Pools, proc_limits
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -67,6 +70,27 @@ def _error_pipe() -> tuple[int, int]:
     return os.pipe2(os.O_CLOEXEC)
 
 
+def _request_memfd(request: bytes) -> int:
+    """The child reads argv and env from here after the fork: they never
+    enter the zygote, whose memory every later child copies."""
+    memfd = os.memfd_create("spawn-request", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(request)
+        while view:
+            view = view[os.write(memfd, view):]
+    except BaseException:
+        os.close(memfd)
+        raise
+    return memfd
+
+
+class Reaped(Enum):
+    """What a reaped pid was to the zygote's handle."""
+    ZYGOTE = "zygote"   # a zygote: its channels closed with it
+    POOLED = "pooled"   # a pooled child: ready, sent away unused, or tampered with
+    OTHER = "other"     # not the zygote's: a session's child, or an orphan reparented to us
+
+
 class ZygoteProcess:
     """The supervisor's handle on its zygote and on the pooled children it
     forked. A spawn without a pool is one request answered before the next
@@ -74,7 +98,7 @@ class ZygoteProcess:
     before its SIGCHLD can be handled; pooled children arrive on their own
     (on the events channel, watched by the selector) and are handed their
     request by the supervisor, the zygote not involved (their record:
-    pools.Pools; `ready`, `retired` and `tampered` are its)."""
+    pools.Pools, which others ask it about: owns, reaped, pooled)."""
 
     def __init__(self, selector: selectors.BaseSelector, gids: Gids | None = None,
                  nofile: tuple[int, int] | None = None, pool_idle: float = 300.0) -> None:
@@ -86,18 +110,6 @@ class ZygoteProcess:
         self.pools = Pools(gids)
         self.demand = Demand(pool_idle)   # the `pool: auto` manifests'
         self.unreaped: set[int] = set()  # zygotes closed, not yet reaped
-
-    @property
-    def ready(self) -> dict[str, list[Waiting]]:
-        return self.pools.ready
-
-    @property
-    def retired(self) -> set[int]:
-        return self.pools.retired
-
-    @property
-    def tampered(self) -> list[int]:
-        return self.pools.tampered
 
     def start(self, booting: boot.Booting | None = None) -> None:
         """Spawn the zygote (or take one spawned already) and wait for its Ready."""
@@ -120,13 +132,8 @@ class ZygoteProcess:
         request = launch.request()
         if len(request) > messages.MAX_MESSAGE:
             raise OSError(errno.E2BIG, f"argv and environment exceed {messages.MAX_MESSAGE // 1024} KiB")
-        # The child reads argv and env from here after the fork: they never
-        # enter the zygote, whose memory every later child copies.
-        memfd = os.memfd_create("spawn-request", os.MFD_CLOEXEC)
+        memfd = _request_memfd(request)
         try:
-            view = memoryview(request)
-            while view:
-                view = view[os.write(memfd, view):]
             plan = launch.plan
             message = Spawn(plan.program, plan.cwd, plan.umask, launch.confinement.entry, gid, len(request))
             retried = False
@@ -159,7 +166,8 @@ class ZygoteProcess:
     def take(self, launch: Launch, stdio: list[int]) -> Started | None:
         """Hand the request to a pooled child of launch.pool, or None when
         none is ready (the pool is set up, or replaced when its
-        confinement changed, for the next spawns)."""
+        confinement changed, for the next spawns). A ready one whose limits
+        were changed while it waited is discarded (and said so)."""
         assert launch.pool is not None
         name, size = launch.pool
         adaptive = size is None
@@ -181,22 +189,27 @@ class ZygoteProcess:
             return None  # a fresh child takes it (or spawn() says why not)
         errpipe, err_w = _error_pipe()
         try:
-            while (child := self.pools.waiting(name)) is not None:
-                try:
-                    messages.send(child.handover, request, [*stdio, err_w])
-                except OSError:
-                    # Died before its use (a child that dies young does so
-                    # again: no refill for it; the fresh spawn reports why).
-                    self.pools.send_away(child)
-                    continue
-                finally:
-                    child.handover.close()
-                self._refill(name, generation, launch.session_gid)
-                return child.pid, errpipe, child.gid, child.canary
+            child = self.pools.hand(name, request, [*stdio, err_w])
         finally:
             os.close(err_w)
-        os.close(errpipe)
-        return None
+            for pid in self.pools.discarded():
+                _log_tampered(name, pid)
+        if child is None:
+            os.close(errpipe)
+            return None
+        self._refill(name, generation, launch.session_gid)
+        return child.pid, errpipe, child.gid, child.canary
+
+    def tampered(self, name: str, pid: int, reaped: bool) -> None:
+        """A pooled child of `name` said at its hand-over that its limits
+        were changed while it waited, and exits: reaped as ours, not as an orphan."""
+        _log_tampered(name, pid)
+        if not reaped:
+            self.pools.retired.add(pid)
+
+    def pooled(self) -> dict[str, int]:
+        """How many children each pool has ready (`stats`)."""
+        return {name: len(ready) for name, ready in self.pools.ready.items() if ready}
 
     def _refill(self, name: str, generation: int, session_gid: bool) -> None:
         """One more child for pool `name` (a replacement, or growth)."""
@@ -247,32 +260,14 @@ class ZygoteProcess:
             except OSError:
                 self.close()
 
-    def reaped(self, pid: int) -> bool:
-        """Whether a reaped pid was a pooled child (or one sent away)."""
-        return self.pools.reaped(pid)
-
     def owns(self, pid: int) -> bool:
         """Whether pid is the zygote or a pooled child (ready, or sent away unreaped)."""
         return pid == self.pid or self.pools.owns(pid)
 
     def receive(self) -> None:
         """Take in what the zygote announced (the events channel is readable)."""
-        if self.events is not None and not self._collect():
+        if self.events is not None and not self.pools.collect(self.events):
             self.close()
-
-    def _collect(self) -> bool:
-        """Read the zygote's announcements; False at the channel's end."""
-        assert self.events is not None
-        while True:
-            try:
-                message, fds = messages.receive(self.events, 4096, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return True
-            except (OSError, ValueError):
-                return False
-            if message is None:
-                return False
-            self.pools.announced(message, fds)
 
     def _reply(self) -> tuple:
         """The answer to the request just sent."""
@@ -315,7 +310,7 @@ class ZygoteProcess:
                 # The zygote may have died with pooled children announced
                 # but not yet read (its SIGCHLD handled first): read them,
                 # so that they are reaped as ours, not as orphans.
-                self._collect()
+                self.pools.collect(self.events)
             except OSError:
                 pass
         if self.requests is not None:
@@ -336,13 +331,18 @@ class ZygoteProcess:
             self.unreaped.add(self.pid)
             self.pid = None
 
-    def ended(self, pid: int) -> bool:
-        """Whether a reaped pid was a zygote (the channel closes with it)."""
+    def reaped(self, pid: int) -> Reaped:
+        """What a reaped pid was; a zygote's channels close with it, a pooled child's gid is given back."""
         if pid == self.pid:
             self.pid = None
             self.close()
-            return True
+            return Reaped.ZYGOTE
         if pid in self.unreaped:
             self.unreaped.discard(pid)
-            return True
-        return False
+            return Reaped.ZYGOTE
+        return Reaped.POOLED if self.pools.reaped(pid) else Reaped.OTHER
+
+
+def _log_tampered(name: str, pid: int) -> None:
+    log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a fresh "
+        "child serves the request")

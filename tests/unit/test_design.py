@@ -35,3 +35,29 @@ def test_the_client_side_it_names_exists():
     assert "client" in named and "cli" in named
     assert {m for m in named if "." not in m} <= _modules("supervisor")
     assert {m.split(".", 1)[1] for m in named if m.startswith("landlock.")} <= _modules("landlock")
+
+
+def _imports_of(module: str) -> set[str]:
+    """The modules of supervisor/ that supervisor/MODULE.py imports, wherever in the file (for types too)."""
+    import ast
+    path = REPO / "supervisor" / f"{module}.py"
+    package = module.split("/")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found |= {"/".join(base + name.split(".")) for name in names}
+    return found & _modules("supervisor")
+
+
+def test_only_server_knows_all_the_parts():
+    """design.md: `server` is the only module that knows all the parts: it
+    imports them; no other module imports two fifths of what it does (at
+    606adac `children` imported 12 of server's 25: a second hub)."""
+    assert "`server` is the only module that knows all the parts" in DOC
+    parts = _imports_of("server")
+    assert {"children", "endings", "connections", "zygote/process", "warm", "operations"} <= parts
+    for module in _modules("supervisor") - {"server"}:
+        known = _imports_of(module) & parts
+        assert len(known) < len(parts) * 2 / 5, (module, sorted(known))

@@ -1,5 +1,5 @@
-"""Warm servers' pure parts: which requests they may serve, what counts as
-tampering (supervisor/warm.py); which manifests may have them is in
+"""Warm servers' pure parts: which requests they may serve (supervisor/warm.py), what counts as
+tampering (supervisor/tamper.py); which manifests may have them is in
 tests/unit/test_manifest_keys.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import warm
+from supervisor import tamper, warm
 from manifest_text import load_text as _load
 
 INF = resource.RLIM_INFINITY
@@ -40,17 +40,17 @@ def test_unfit(tmp_path: Path, case: str, request_: dict, pipes: bool, why: str 
 
 S = frozenset({0, 1})
 FORKED = [
-    ("normal, kept", os.SCHED_OTHER, 0, warm.Scheduling(os.SCHED_OTHER, 0, S)),
-    ("a nice of 5 kept", os.SCHED_OTHER, 5, warm.Scheduling(os.SCHED_OTHER, 5, S)),
-    ("reset: negative nice", os.SCHED_OTHER | 0x40000000, -5, warm.Scheduling(os.SCHED_OTHER, 0, S)),
-    ("reset: real-time", os.SCHED_FIFO | 0x40000000, 0, warm.Scheduling(os.SCHED_OTHER, 0, S)),
-    ("reset: batch kept", os.SCHED_BATCH | 0x40000000, 3, warm.Scheduling(os.SCHED_BATCH, 3, S)),
+    ("normal, kept", os.SCHED_OTHER, 0, tamper.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("a nice of 5 kept", os.SCHED_OTHER, 5, tamper.Scheduling(os.SCHED_OTHER, 5, S)),
+    ("reset: negative nice", os.SCHED_OTHER | 0x40000000, -5, tamper.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("reset: real-time", os.SCHED_FIFO | 0x40000000, 0, tamper.Scheduling(os.SCHED_OTHER, 0, S)),
+    ("reset: batch kept", os.SCHED_BATCH | 0x40000000, 3, tamper.Scheduling(os.SCHED_BATCH, 3, S)),
 ]
 
 
 @pytest.mark.parametrize("case,policy,nice,expected", FORKED, ids=[c[0] for c in FORKED])
-def test_as_forked(case: str, policy: int, nice: int, expected: warm.Scheduling) -> None:
-    assert warm.as_forked(policy, nice, S) == expected
+def test_as_forked(case: str, policy: int, nice: int, expected: tamper.Scheduling) -> None:
+    assert tamper.as_forked(policy, nice, S) == expected
 
 
 LIMITS = [
@@ -64,14 +64,14 @@ LIMITS = [
 
 @pytest.mark.parametrize("case,now,why", LIMITS, ids=[c[0] for c in LIMITS])
 def test_limits_tampered(case: str, now: dict, why: str | None) -> None:
-    assert warm.limits_tampered(now, {7: (64, 128)}) == why
-    assert warm.limits_tampered({4: (INF, INF)}, {4: (INF, INF)}) is None
-    assert warm.limits_tampered({4: (1, INF)}, {4: (INF, INF)}) is not None
+    assert tamper.limits_tampered(now, {7: (64, 128)}) == why
+    assert tamper.limits_tampered({4: (INF, INF)}, {4: (INF, INF)}) is None
+    assert tamper.limits_tampered({4: (1, INF)}, {4: (INF, INF)}) is not None
 
 
 def test_parse_limits() -> None:
     with open("/proc/self/limits", "rb") as f:
-        limits = warm.parse_limits(f.read())
+        limits = tamper.parse_limits(f.read())
     assert sorted(limits) == list(range(16))
     for res, value in limits.items():
         assert value == resource.getrlimit(res), res
@@ -98,4 +98,4 @@ def test_room() -> None:
                                              (1 << 13 | 0, 2 << 13 | 4)])
 def test_as_forked_io_priority(ioprio: int, expected: int) -> None:
     """A real-time I/O class becomes best-effort 4 in the child (enter.reset_io_priority); others stay."""
-    assert warm.as_forked(os.SCHED_OTHER, 0, frozenset({0}), ioprio).ioprio == expected
+    assert tamper.as_forked(os.SCHED_OTHER, 0, frozenset({0}), ioprio).ioprio == expected

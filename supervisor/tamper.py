@@ -1,0 +1,97 @@
+"""Whether a process that waited is still as it was forked: its state, its limits and its scheduling, what another process of its uid could have changed meanwhile (a warm server before its hand-over).
+
+Pure where it can be (`as_forked`, `limits_tampered`, `parse_limits`:
+tests/unit/test_warm_rules.py); `tampered` looks at a live process, and
+any failure to look is a reason.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from landlock import enter
+
+from . import procfs
+from .zygote.pools import proc_limits
+
+_SCHED_RESET_ON_FORK = 0x40000000
+_KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """What another process of the server's uid could change while it waits."""
+    policy: int
+    nice: int
+    affinity: frozenset[int]
+    ioprio: int = -1   # (ioprio_set checks uids only, as renice does)
+
+
+def as_forked(policy: int, nice: int, affinity: frozenset[int], ioprio: int = -1) -> Scheduling:
+    """A child's scheduling, forked by a zygote with these: its
+    SCHED_RESET_ON_FORK makes a real-time or deadline policy SCHED_OTHER
+    and a negative nice 0 (zygote.main._reset_scheduling); the child's
+    own steps make a real-time I/O class best-effort (enter.reset_io_priority)."""
+    ioprio = enter.io_priority_after_reset(ioprio) if ioprio >= 0 else ioprio
+    if not policy & _SCHED_RESET_ON_FORK:
+        return Scheduling(policy, nice, affinity, ioprio)
+    policy &= ~_SCHED_RESET_ON_FORK
+    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity, ioprio)
+
+
+def scheduling_of(pid: int) -> Scheduling:
+    return Scheduling(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid),
+                      frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid))
+
+
+def _below(soft: int, floor: int) -> bool:
+    inf = float("inf")
+    as_num: Callable[[int], float] = lambda v: inf if v == resource.RLIM_INFINITY else v  # noqa: E731
+    return as_num(soft) < as_num(floor)
+
+
+def limits_tampered(now: Mapping[int, tuple[int, int]], forked: Mapping[int, tuple[int, int]]) -> str | None:
+    """A hard limit changed, or a soft one below what it was forked with
+    (raising a soft limit, as node does with NOFILE, is not tampering)."""
+    for res, (soft, hard) in forked.items():
+        got_soft, got_hard = now.get(res, (soft, hard))
+        if got_hard != hard:
+            return f"its hard limit {res} is {got_hard}, not {hard}"
+        if _below(got_soft, soft):
+            return f"its soft limit {res} is {got_soft}, below {soft}"
+    return None
+
+
+def parse_limits(text: bytes) -> dict[int, tuple[int, int]]:
+    """/proc/PID/limits (readable by anyone, where prlimit(2) of another uid
+    and gid needs CAP_SYS_RESOURCE): resource -> (soft, hard), its lines in
+    the resources' order, each "%-25s %-20s %-20s %-10s"."""
+    def value(line: str, start: int) -> int:
+        v = line[start:start + 20].strip()
+        return resource.RLIM_INFINITY if v == "unlimited" else int(v)
+    return {res: (value(line, 26), value(line, 47)) for res, line in enumerate(text.decode().splitlines()[1:])}
+
+
+def limits_of(pid: int) -> dict[int, tuple[int, int]]:
+    text = proc_limits(pid)
+    if text is None:
+        raise OSError(0, f"/proc/{pid}/limits cannot be read")
+    return parse_limits(text)
+
+
+def tampered(pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> str | None:
+    """Why the server pid is not as it was forked, or None; any failure to
+    look is a reason."""
+    state = procfs.state(pid)
+    if state in (None, "T", "t", "Z", "X"):
+        return f"it is in state {state or 'gone'} (stopped, traced or dead)"
+    try:
+        why = limits_tampered(limits_of(pid), limits)
+        now = scheduling_of(pid)
+    except (OSError, IndexError, ValueError) as e:
+        return f"it cannot be looked at: {e}"
+    if why is None and now != scheduling:
+        why = f"its scheduling is {now}, not {scheduling} as forked"
+    return why
