@@ -35,12 +35,12 @@ from supervisor.client import Client  # noqa: E402
 
 MANIFEST = "name: 'true'\nallow_root: true\ncommand: /bin/true\npool: 0\nsandbox: {profiles: [system]}\n"
 CALL = re.compile(r"^(\w+)\(")
-FLOOR = ("import os, sys\nsys.stdin.readline()\nfor _ in range(int(sys.argv[1])):\n"
-         "    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\nsys.stdin.readline()\n")
+FLOOR = ("import os, sys\nos.write(1, b'ready\\n')\nsys.stdin.readline()\nfor _ in range(int(sys.argv[1])):\n"
+         "    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\nos.write(1, b'done\\n')\nsys.stdin.readline()\n")
 
 
 def calls(path: Path) -> list[str]:
-    """The system calls of one trace, in order: up to an execve (not counted), none of the reads that pace the floor."""
+    """The system calls of one trace, in order: up to an execve (not counted), none of the reads and writes that pace the floor."""
     out = []
     for line in path.read_text(errors="replace").splitlines():
         m = CALL.match(line)
@@ -48,7 +48,7 @@ def calls(path: Path) -> list[str]:
             continue
         if m.group(1) == "execve":
             break
-        if not line.startswith("read(0,"):
+        if not line.startswith(("read(0,", "write(1,")):
             out.append(line)
     return out
 
@@ -112,8 +112,10 @@ def supervisor_counts(audit: str, spawns: int, base: Path) -> dict[str, object]:
 
 
 def floor_counts(spawns: int, base: Path) -> dict[str, object]:
-    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(spawns)], stdin=subprocess.PIPE)
-    assert proc.stdin is not None
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(spawns)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdout.readline()   # started: its imports not traced
     try:
         traces = base / "floor"
         traces.mkdir()
@@ -122,6 +124,8 @@ def floor_counts(spawns: int, base: Path) -> dict[str, object]:
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
+            assert proc.stdout is not None
+            proc.stdout.readline()   # all spawned
         traced([proc.pid], traces, go)
         got = by_pid(traces)
         return {"floor": got.get(proc.pid, []), "children": [c for pid, c in got.items() if pid != proc.pid]}

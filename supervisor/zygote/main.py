@@ -257,11 +257,17 @@ def main() -> None:
     helper_batch = _reset_scheduling()
     child.lock_helper_mutex()
     # It ends at EOF from the supervisor, or with it (PDEATHSIG): a stop
-    # signal meant for the supervisor's children is not for the zygote.
-    for sig in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM):
-        _signal.signal(sig, _signal.SIG_IGN)
-    # What a child must put back to the default: what was set here, and
-    # what Python ignores (SIGPIPE, SIGXFSZ).
+    # signal meant for the supervisor's children is not for the zygote, nor
+    # are a broken pipe's and a file size's (which Python ignores). Held
+    # blocked for good at their defaults rather than ignored: a child, whose
+    # mask is emptied at its exec, then has none of them to put back (six
+    # sigaction calls a spawn fewer; its pending set starts empty).
+    held = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM, _signal.SIGPIPE, _signal.SIGXFSZ)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, held)
+    for sig in held:
+        _signal.signal(sig, _signal.SIG_DFL)
+    # What a child must put back to the default: what is not (none, unless
+    # the interpreter set one).
     reset = tuple(sig for sig in sorted(child.ALL_SIGNALS) if _signal.getsignal(sig) not in (_signal.SIG_DFL, None))
     stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
     ZygoteLoop(child.Zygote(supervisor, reset, stat_fd, helper_batch)).serve()
