@@ -74,7 +74,7 @@ def _request(kind: int, payload: bytes) -> bytes:
                     code = -struct.unpack_from("=i", body)[0]
                     if code:
                         raise OSError(code, f"audit netlink: {errno.errorcode.get(code, code)}")
-                    if kind == AUDIT_SET:
+                    if kind != AUDIT_GET:   # a change: its ACK is the answer
                         return b""
                 elif typ == kind:
                     reply = body

@@ -39,7 +39,6 @@ Step = tuple[str, Callable[[Entry, int], None]]
 SECUREBITS = (_prctl.SECBIT_NOROOT | _prctl.SECBIT_NOROOT_LOCKED
               | _prctl.SECBIT_NO_SETUID_FIXUP | _prctl.SECBIT_NO_SETUID_FIXUP_LOCKED
               | _prctl.SECBIT_KEEP_CAPS_LOCKED)
-_ALL_CAPS = list(prctl.ALL_CAPS)
 
 
 def thread_count(stat_fd: int | None = None) -> int:
@@ -80,8 +79,7 @@ def drop_capabilities(bounding: tuple[int, ...], lock_securebits: bool) -> None:
     if lock_securebits:
         _prctl.prctl(_prctl.PR_SET_SECUREBITS, SECUREBITS)
     syscalls.clear_ambient_capabilities()
-    # set_caps(effective_on, permitted_on, inheritable_on, effective_off, permitted_off, inheritable_off)
-    _prctl.set_caps([], [], [], _ALL_CAPS, _ALL_CAPS, _ALL_CAPS)
+    syscalls.clear_capabilities()
 
 
 def drop_privileges(entry: Entry) -> None:

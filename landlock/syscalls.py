@@ -95,6 +95,18 @@ def clear_ambient_capabilities() -> None:
             raise OSError(err, f"prctl(PR_CAP_AMBIENT_CLEAR_ALL): {os.strerror(err)}")
 
 
+# capset(2) with version 3 (two 32-bit words per set): made once, read by the kernel only.
+_CAP_HEADER = (ctypes.c_uint32 * 2)(0x20080522, 0)   # _LINUX_CAPABILITY_VERSION_3, this process
+_CAP_NONE = (ctypes.c_uint32 * 6)()                  # effective, permitted, inheritable: empty
+_capset = _libc.capset
+
+
+def clear_capabilities() -> None:
+    """Effective, permitted and inheritable sets emptied: one capset, where
+    libcap's cap_set_proc (python-prctl's set_caps) probes with two capget first."""
+    _check(_capset(_CAP_HEADER, _CAP_NONE), "capset")
+
+
 class OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 

@@ -44,7 +44,7 @@ UNKNOWN_WAIT, UNKNOWN_MAX, UNKNOWN_KEPT = 0.5, 1024, 256
 # Canary records of pooled children not handed a session yet.
 UNCLAIMED_MAX = 4096
 RECENT_MAX = 1000
-# The zygote's canary names (zygote.child.make_canary).
+# The zygote's canary names (zygote.canary.make).
 _CANARY_NAME = re.compile(r"[0-9a-f]{32}")
 
 

@@ -73,39 +73,6 @@ _CLONE_ARGS[4 if MACHINE == "x86_64" else 5] = ctypes.c_void_p(ctypes.addressof(
 SESSION_GID_UMASK = 0o070   # the bits a child with a session gid always masks
 
 
-def make_canary(root: str | None) -> str | None:
-    """One child's canary (landlock.enter.mark_domain): an empty file in the
-    supervisor's canary root with a random name nobody else can learn (the
-    root is root's, 0711: not listable), writable by any uid (0666: DAC
-    decides before Landlock, and must let the write through to be denied by
-    the domain). None without a root (denials not read) or when it cannot
-    be made: that child's denials are then not attributed, and the zygote
-    says why."""
-    if root is None:
-        return None
-    path = f"{root}/{os.urandom(16).hex()}"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        try:
-            os.fchmod(fd, 0o666)   # whatever our umask
-        finally:
-            os.close(fd)
-    except OSError as e:
-        os.write(2, f"landlock-supervisor zygote: no canary for a child: {e}\n".encode(errors="replace"))
-        return None
-    return path
-
-
-def remove_canary(canary: str | None) -> None:
-    """A child that never ran: its canary goes (the supervisor removes the
-    others once their record came)."""
-    if canary is not None:
-        try:
-            os.unlink(canary)
-        except OSError:
-            pass
-
-
 def lock_helper_mutex() -> None:
     """Once, before the first fork. Process-shared: a shared futex is what
     the kernel's clear-tid wakes. Locked with no owner: pthread_mutex_lock()
@@ -124,7 +91,7 @@ def fork(zygote: Zygote, target: messages.Spawn | messages.Pool, gid: int | None
     """Fork a child that becomes target (a messages.Spawn or Pool): a fresh
     one (stdio, and its Request in the memfd `request`) or a pooled one
     (its hand-over socket; with an exec helper if `helper`), marking its
-    domain with its own `canary` (make_canary). Returns its pid; the child
+    domain with its own `canary` (canary.make). Returns its pid; the child
     leaves by exec or os._exit."""
     if enter.thread_count(zygote.stat_fd) != 1:
         raise OSError(errno.EDEADLK, "the zygote has more than one thread: refusing to fork")
@@ -220,7 +187,8 @@ def _close_fds(c: _Child) -> None:
     """All but the error pipe, the ruleset and the hand-over socket."""
     low = 3
     for fd in sorted(fd for fd in (c.err_w, c.ruleset_fd, c.handover) if fd >= 0):
-        os.closerange(low, fd)
+        if fd > low:   # (none between two kept fds: no call)
+            os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 0x7FFFFFFF)
 

@@ -47,7 +47,7 @@ import prctl
 
 from landlock import enter
 
-from . import child, messages
+from . import canary as canary_file, child, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Pooled, PoolFailed, Ready, Refill, Spawn, Unused
 
 _RT_SIGACTION_NR = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "armv7l": 174, "i686": 174}
@@ -112,17 +112,16 @@ class ZygoteLoop:
             try:
                 if len(fds) < 5:
                     raise OSError(0, f"a spawn takes stdio, its request and error pipe, got {len(fds)} fds")
-                canary = child.make_canary(message.entry.canary)
+                canary = canary_file.make(message.entry.canary)
                 pid = child.fork(self.zygote, message, message.gid, fds[4], fds[5] if len(fds) > 5 else -1,
                                  stdio=fds[:3], request=fds[3], size=message.size, canary=canary)
             finally:
                 # Before the answer: once the supervisor has it, no process
                 # but the child holds the child's stdio (a warm server's
                 # pipes: only the supervisor holds their other ends).
-                for fd in fds:
-                    os.close(fd)
+                messages.close(fds)
         except OSError as e:
-            child.remove_canary(canary)
+            canary_file.remove(canary)
             self._answer(ForkFailed(e.errno or 0, e.strerror or str(e)))
         else:
             self._answer(Forked(pid, canary))
@@ -151,7 +150,7 @@ class ZygoteLoop:
 
     def _prefork(self, name: str, pool: _Pool, gid: int | None) -> None:
         r = w = -1
-        canary = child.make_canary(pool.target.entry.canary)
+        canary = canary_file.make(pool.target.entry.canary)
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             try:
@@ -165,7 +164,7 @@ class ZygoteLoop:
                 theirs.close()
         except OSError as e:
             os.write(2, f"landlock-supervisor zygote: pre-fork for {name!r} failed: {e}\n".encode(errors="replace"))
-            child.remove_canary(canary)
+            canary_file.remove(canary)
             self._unused([gid, *pool.gids])  # the next refill tries again
             pool.gids = []
             if r >= 0:
@@ -195,7 +194,7 @@ class ZygoteLoop:
                 self._announce(Pooled(name, generation, pid, helper, gid, starting.canary),
                                [starting.handover.fileno()])
             else:
-                child.remove_canary(starting.canary)
+                canary_file.remove(starting.canary)
                 why = rest.decode(errors="replace") or "it exited"
                 os.write(2, f"landlock-supervisor zygote: a pooled child for {name!r} failed: {why}\n"
                          .encode(errors="replace"))
@@ -258,11 +257,17 @@ def main() -> None:
     helper_batch = _reset_scheduling()
     child.lock_helper_mutex()
     # It ends at EOF from the supervisor, or with it (PDEATHSIG): a stop
-    # signal meant for the supervisor's children is not for the zygote.
-    for sig in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM):
-        _signal.signal(sig, _signal.SIG_IGN)
-    # What a child must put back to the default: what was set here, and
-    # what Python ignores (SIGPIPE, SIGXFSZ).
+    # signal meant for the supervisor's children is not for the zygote, nor
+    # are a broken pipe's and a file size's (which Python ignores). Held
+    # blocked for good at their defaults rather than ignored: a child, whose
+    # mask is emptied at its exec, then has none of them to put back (six
+    # sigaction calls a spawn fewer; its pending set starts empty).
+    held = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM, _signal.SIGPIPE, _signal.SIGXFSZ)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, held)
+    for sig in held:
+        _signal.signal(sig, _signal.SIG_DFL)
+    # What a child must put back to the default: what is not (none, unless
+    # the interpreter set one).
     reset = tuple(sig for sig in sorted(child.ALL_SIGNALS) if _signal.getsignal(sig) not in (_signal.SIG_DFL, None))
     stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
     ZygoteLoop(child.Zygote(supervisor, reset, stat_fd, helper_batch)).serve()

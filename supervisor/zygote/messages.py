@@ -23,7 +23,7 @@ own: it replaces the credentials' gid, or makes an allow_root child uid 0
 with that gid), or None: the credentials as they are. helper is the pid of a
 pooled child's exec helper, or 0 (see zygote.main). canary is the file the
 zygote made for that child alone to mark its Landlock domain with
-(zygote.child.make_canary), or None: the supervisor knows the domain by it.
+(zygote.canary.make), or None: the supervisor knows the domain by it.
 
 A child's argv and environment are a Request: a fresh child reads it after
 the fork from the `request` memfd (`size` bytes), a pooled one from its
@@ -36,6 +36,7 @@ Imported by the zygote: C modules and landlock.enter only.
 """
 import array
 import collections
+import ctypes
 import marshal
 import os
 import _socket as socket  # not socket.py: its enums cost every fork of the zygote
@@ -92,23 +93,42 @@ def send(channel: socket.socket, message: tuple | bytes, fds: list[int] | tuple[
     channel.sendmsg([message if isinstance(message, bytes) else encode(message)], ancillary)
 
 
+# One receive buffer per size, made once: recvmsg(size) would map, shrink
+# and unmap a fresh one for every message (three system calls a spawn).
+# ctypes' is calloc'd: its pages untouched until a message is written there
+# (a bytearray would be zeroed page by page, in a pooled child too).
+_BUFFERS: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+
 def receive(channel: socket.socket, size: int, flags: int = 0) -> tuple[tuple | None, list[int]]:
     """A message and its fds (close-on-exec), or None at EOF. When not all
     its fds could be received (the receiver is out of fds), none are."""
-    data, ancillary, got, _ = channel.recvmsg(size, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC | flags)
+    buffer = _BUFFERS.get(size)
+    if buffer is None:
+        buffer = _BUFFERS[size] = ctypes.create_string_buffer(size)
+    length, ancillary, got, _ = channel.recvmsg_into([buffer], _FDS_SPACE, socket.MSG_CMSG_CLOEXEC | flags)
+    data = ctypes.string_at(buffer, length)
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
     if got & socket.MSG_CTRUNC:
-        for fd in fds:
-            os.close(fd)
+        close(fds)
         fds = []
     if not data:
-        for fd in fds:
-            os.close(fd)
+        close(fds)
         return None, []
     return decode(data), fds
+
+
+def close(fds: list[int]) -> None:
+    """The fds a message brought: one close_range when they are consecutive
+    (as received fds are, the lowest free ones), else one by one."""
+    if fds and fds == list(range(fds[0], fds[0] + len(fds))):
+        os.closerange(fds[0], fds[-1] + 1)
+        return
+    for fd in fds:
+        os.close(fd)
 
 
 class ChildFailure(collections.namedtuple("ChildFailure", "stage errno message")):

@@ -73,10 +73,11 @@ class Supervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False
         self.allow_root = True      # --allow-root-servers: the lab's manifests run as root unless they name a user
+        self.prefix: list[str] = []   # a command that execs the supervisor (what it runs under)
 
     @property
     def argv(self) -> list[str]:
-        argv = [PYTHON, "-m", "supervisor", "--socket", str(self.socket_path), "serve"]
+        argv = [*self.prefix, PYTHON, "-m", "supervisor", "--socket", str(self.socket_path), "serve"]
         for m in self.manifests:
             argv += ["--manifests", str(m)]
         return argv + ["--state-root", str(self.state_root), "--grace", str(GRACE),

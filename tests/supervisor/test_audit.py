@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -363,3 +364,49 @@ def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, h
     assert len(reads) == 1 and reads[0]["pid"] == child.pid, list(child.denied)
     assert child.exited is not None and child.exited["denials"]["received"] >= 1, child.exited
     child.close()
+
+
+# A `-a never,task` rule (Fedora's and RHEL's shipped rules have one): the
+# tasks it matches get no audit context, so their Landlock records come
+# without a SYSCALL record (no pid, no comm) and without an EOE. Here it
+# matches only this test's supervisor's descendants, by a login uid of
+# their own (the task filter sees the forking task's credentials): the
+# other programs on the host keep theirs.
+_LOGINUID = 64177
+_AUDIT_ADD_RULE, _AUDIT_DEL_RULE = 1011, 1012
+_NEVER_TASK = struct.pack("=3I64I64I64I64II", 1, 0, 1,            # AUDIT_FILTER_TASK, AUDIT_NEVER, one field
+                          *[0xFFFFFFFF] * 64,                     # every syscall
+                          9, *[0] * 63, _LOGINUID, *[0] * 63,     # AUDIT_LOGINUID == _LOGINUID
+                          0x40000000, *[0] * 63, 0)               # AUDIT_EQUAL; no strings
+
+
+@pytest.mark.parametrize("mode", ["detail", "count"])
+def test_denials_without_syscall_records_still_reach_the_client_and_exits_come(lab: Any, host_audit: Any,
+                                                                               mode: str) -> None:
+    lab.stock()
+    sv = lab.supervisor(extra=["--audit", mode])
+    # The supervisor under a login uid of its own: what it forks matches the rule.
+    sv.prefix = ["/bin/sh", "-c", f'echo {_LOGINUID} >/proc/self/loginuid && exec "$@"', "sh"]
+    audit._request(_AUDIT_ADD_RULE, _NEVER_TASK)
+    try:
+        sv.start()
+        results = [run(sv.client, "sh", ["cat /etc/hostname; exit 4"], timeout=30) for _ in range(3)]
+    finally:
+        audit._request(_AUDIT_DEL_RULE, _NEVER_TASK)
+    for result in results:
+        assert result.code == 4 and result.child.exited is not None
+        assert result.child.settled is not None and result.child.settled["pid"] == result.child.pid
+        assert result.child.denials == {"mode": mode}
+        counts = counted(result.child, sv.client)
+        if mode == "count":   # the kernel's count, from the domain its canary named
+            assert counts["kernel"] in (None, 1) and not result.child.denied, counts   # None: lost, and reported
+            continue
+        if not accounted(counts, sv.client):
+            continue   # lost under load, and reported
+        assert counts["received"] == counts["kernel"] == 1, counts
+        # Its denial told, attributed by its domain (the session's pid); the
+        # process that was denied unnamed (no SYSCALL record: the rule held), none made up.
+        reads = [e for e in result.child.denied if e["object"] == "/etc/hostname"]
+        assert len(reads) == 1 and reads[0]["rights"] == ["fs.read_file"], result.child.denied
+        assert reads[0]["pid"] == result.child.pid and reads[0]["process"] is None, reads[0]
+    assert sv.client.ping() is not None   # still serving

@@ -20,7 +20,8 @@ from supervisor.zygote import boot, child, messages
 # package's own small modules. Not json, socket.py, selectors, typing,
 # dataclasses, enum, marshal's users in the supervisor...
 BUDGET_OURS = {"supervisor", "supervisor.zygote", "supervisor.zygote.main", "supervisor.zygote.messages",
-               "supervisor.zygote.child", "landlock", "landlock.enter", "landlock.syscalls", "prctl", "_prctl"}
+               "supervisor.zygote.canary", "supervisor.zygote.child", "landlock", "landlock.enter",
+               "landlock.syscalls", "prctl", "_prctl"}
 BUDGET_STDLIB = {"__future__", "_collections", "_collections_abc", "_ctypes", "_operator", "_socket", "_stat",
                  "_struct", "array", "collections", "collections.abc", "ctypes", "ctypes._endian", "errno",
                  "genericpath", "importlib", "importlib._bootstrap", "importlib._bootstrap_external", "itertools",

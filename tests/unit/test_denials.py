@@ -310,7 +310,7 @@ def test_an_open_canary_event_names_its_domain_before_its_count(w: World) -> Non
     # domain's `deallocated` record comes after them and completes them.
     import socket
 
-    from supervisor.audit import Reader
+    from supervisor.audit_reader import Reader
     from supervisor.loop import Loop
     s = w.session(10)
     assert s.tally is not None and s.tally.canary is not None
@@ -455,7 +455,7 @@ def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w
     import socket
     import tracemalloc
 
-    from supervisor.audit import Reader
+    from supervisor.audit_reader import Reader
     from supervisor.loop import Loop
     a, b = socket.socketpair()
     try:

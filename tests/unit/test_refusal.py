@@ -49,6 +49,10 @@ TABLE = [
     ("/home/ann/.config", "a directory holding a home's secrets"),   # holds ~/.config/gh
     ("/home/ann/.local", "a directory holding a home's secrets"),    # holds ~/.local/share/keyrings
     ("/home/ann/.config/nvim/init.lua", None),
+    ("/home/ann/.conf", None),                              # a prefix of .config, not a directory holding it
+    ("/home/ann/.config-old", None),                        # sorts among .config's secrets, holds none
+    ("/srv/home/bob/.cargo", "a directory holding a home's secrets"),   # holds ~/.cargo/credentials
+    ("/var/lib/svc-home/.local/share", "a directory holding a home's secrets"),
     ("/etc/hostname", None),
     ("/usr/share/doc", None),
     ("/tmp/x", None),
