@@ -1,0 +1,1 @@
+"""supervisor/client/: see docs/design.md."""

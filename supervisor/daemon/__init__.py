@@ -1,0 +1,1 @@
+"""supervisor/daemon/: see docs/design.md."""

@@ -1,0 +1,1 @@
+"""supervisor/manifests/: see docs/design.md."""
