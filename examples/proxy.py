@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from supervisor.aio import AsyncChild, AsyncClient  # noqa: E402
+from supervisor.client.aio import AsyncChild, AsyncClient  # noqa: E402
 from supervisor.client import SupervisorError  # noqa: E402
 
 SEPARATOR = "__"
@@ -205,7 +205,7 @@ async def main(args: argparse.Namespace) -> int:
     private, backends = None, []
     try:
         if args.manifests:
-            from supervisor.private import start
+            from supervisor.client.private import start
             private = start(args.manifests, state_root=args.state_root)
             client = AsyncClient.private(private)
         else:

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/host_audit.py on -- .venv/bin/python -m pytest -q tests/supervisor
 
 `on` relies on audit as a supervisor does: a holder in the shared record
-of supervisor/audit_settings.py while COMMAND runs, so that neither puts
+of supervisor/daemon/audit_settings.py while COMMAND runs, so that neither puts
 the host's settings back under the other; the last holder to leave puts
 back what was changed (this one too, when COMMAND fails or is stopped by
 SIGINT, SIGTERM or SIGHUP; after a `kill -9` of this process, the next
@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from landlock import audit  # noqa: E402
-from supervisor import audit_settings  # noqa: E402
+from supervisor.daemon import audit_settings  # noqa: E402
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:

@@ -41,7 +41,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from supervisor import procfs, protocol  # noqa: E402
+from supervisor.daemon import procfs
+from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 SCRIPTS = [

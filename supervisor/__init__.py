@@ -6,6 +6,6 @@ every module it imports makes each fork slower.
 
 
 def start(manifests, **kwargs):  # type: ignore[no-untyped-def]
-    """Start a private fork-server for this proxy; returns its Client. See supervisor.private."""
-    from .private import start as _start
+    """Start a private fork-server for this proxy; returns its Client. See supervisor.client.private."""
+    from .client.private import start as _start
     return _start(manifests, **kwargs)

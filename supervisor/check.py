@@ -9,9 +9,10 @@ import sys
 import landlock
 from landlock import audit as landlock_audit
 
-from . import audit, dac, ids, namespaces, profiles
+from .daemon import audit, namespaces
+from .manifests import dac, ids, profiles
 from .denied import clean
-from .manifest import Broken, Manifest, load_each, writable_grants, writable_holding
+from .manifests.manifest import Broken, Manifest, load_each, writable_grants, writable_holding
 
 from landlock.ruleset import inside_writable
 
@@ -188,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
         for name, fn in profiles.PROFILES.items():
             print(f"{name}: {fn.__doc__}")
         return 0
-    from .paths import default_state_root
+    from .client.paths import default_state_root
     state_root = args.state_root or default_state_root()
     loaded, broken = load_each([*args.manifests, *args.manifest], state_root=state_root)
     found = list(loaded.values())

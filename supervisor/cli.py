@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return learn_command.main(args)
     import json
 
-    from . import client as clients
-    from .paths import SocketPathError
+    from .client import sync as clients
+    from .client.paths import SocketPathError
     from .protocol import ProtocolError
     try:
         reply = getattr(clients.Client(args.socket), args.command)()

@@ -64,8 +64,8 @@ def main(args: argparse.Namespace) -> int:
     (a `run` session's journal)."""
     if args.session is not None:
         return _session(args.session, args.state_root, args.json)
-    from . import client as clients
-    from .paths import SocketPathError
+    from .client import sync as clients
+    from .client.paths import SocketPathError
     from .protocol import ProtocolError
     client = clients.Client(args.socket)
     try:
@@ -114,8 +114,8 @@ def _show(message: Mapping[str, Any], as_json: bool) -> None:
 
 def _session(session: str, state_root: str | None, as_json: bool) -> int:
     """What the supervisor said of a `run` session's denials, as `run` kept it (journal.py)."""
-    from . import journal
-    from .paths import default_state_root
+    from .client import journal
+    from .client.paths import default_state_root
     try:
         entries = journal.read(state_root or default_state_root(), session)
     except (OSError, journal.JournalError) as e:

@@ -23,5 +23,5 @@ def supervisor_of(args: argparse.Namespace) -> str:
     """Which supervisor a client command talked to, for its one line."""
     if getattr(args, "manifests", None):
         return "the private supervisor"
-    from .paths import default_socket_path
+    from .client.paths import default_socket_path
     return f"the supervisor at {args.socket or default_socket_path()}"

@@ -17,10 +17,10 @@ TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes th
 if TYPE_CHECKING:
     from typing import Any
 
-    from .client import Child, Client
-    from .journal import Journal
-    from .private_boot import Booting
-    from .relay import Relay
+    from .client.sync import Child, Client
+    from .client.journal import Journal
+    from .client.private_boot import Booting
+    from .client.relay import Relay
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -50,15 +50,15 @@ def main(args: argparse.Namespace) -> int:
         return fail(EXIT_USAGE, "--manifests runs a private supervisor of its own: --socket does not apply")
     private = None
     if args.manifests:
-        from . import private_boot
+        from .client import private_boot
         try:   # (a fork: no thread runs yet, and none will before it)
             private = private_boot.fork(args.manifests, state_root=args.state_root, only=args.name,
                                         extra_args=["--allow-root-servers"] if args.allow_root_servers else [])
         except OSError as e:
             return fail(1, f"cannot start a private supervisor: {e}")
     wakeup = _catch_signals()
-    from . import client as clients
-    from .paths import SocketPathError
+    from .client import sync as clients
+    from .client.paths import SocketPathError
     from .protocol import ProtocolError
     try:
         return _run(args, wakeup, private)
@@ -74,7 +74,7 @@ def _warn_foreign_imports() -> None:
     """One line when this process imports from its working directory or
     PYTHONPATH (`python -m supervisor`, PYTHONPATH set): whoever writes
     there runs code as the client, before any line of ours can drop it."""
-    from .interpreter import foreign_here
+    from .client.interpreter import foreign_here
     foreign = foreign_here()
     if foreign:
         from .denied import clean
@@ -100,9 +100,9 @@ def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
     daemon's manifest of the same name, whose policy may differ; no socket
     involved, so a stale one cannot block it), spawned already. Otherwise
     the daemon."""
-    from . import client as clients
+    from .client import sync as clients
     if private is not None:
-        from .private import connect
+        from .client.private import connect
         return connect(private)
     return clients.Client(args.socket)
 
@@ -166,7 +166,7 @@ def _tell_denied(name: str, child: Child, kept: Journal) -> None:
         child.denied.clear()
         return
     from . import denied
-    from .journal import JournalError
+    from .client.journal import JournalError
     try:
         while child.denied:
             kept.add(child.denied.popleft())
@@ -188,7 +188,7 @@ def _pointer(kept: Journal) -> str:
 
 
 def _default_state_root() -> str:
-    from .paths import default_state_root
+    from .client.paths import default_state_root
     return default_state_root()
 
 
@@ -242,9 +242,9 @@ def _relay_until_exit(name: str, child: Child, r: int, relay: Relay, kept: Journ
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     """Spawn with our own stdio, forward INT/TERM/HUP (r: their wakeup fd),
     exit as the child did."""
-    from . import client as clients
+    from .client import sync as clients
     from .errors import USAGE_CODES
-    from .private import PrivateStartFailed
+    from .client.private import PrivateStartFailed
     from .protocol import ProtocolError
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.pass_env if name in os.environ}
@@ -254,8 +254,8 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         if e.status == EXIT_USAGE:
             return EXIT_USAGE  # it said why, in one line (a manifest error, say)
         return fail(1, str(e))
-    from .journal import Journal
-    from .relay import Relay
+    from .client.journal import Journal
+    from .client.relay import Relay
     relay = Relay()
     kept = Journal(os.path.abspath(args.state_root) if args.state_root else _default_state_root())
     try:

@@ -10,10 +10,10 @@ from .failure import fail
 
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
-    from .namespaces import Isolation
+    from .daemon.namespaces import Isolation
     from .zygote.boot import Booting
 
-# Defaults of supervisor.ids, repeated here: importing it would load pwd/grp for every command.
+# Defaults of supervisor.manifests.ids, repeated here: importing it would load pwd/grp for every command.
 DEFAULT_DYNAMIC_UIDS = (1879048192, 1879113727)
 DEFAULT_SESSION_GIDS = (1879113728, 1879179263)
 HOST_TABLE = "/var/lib/landlock-supervisor/dynamic-uids"
@@ -76,13 +76,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> int:
     import grp
 
-    from .paths import default_state_root
+    from .client.paths import default_state_root
     try:
         gids = frozenset(int(g) if g.isdigit() else grp.getgrnam(g).gr_gid for g in args.allow_group)
     except KeyError as e:
         return fail(EXIT_USAGE, f"--allow-group: no such group {e}")
     listen_fd = _systemd_socket()
-    from . import ids
+    from .manifests import ids
     try:
         dynamic_uids = ids.parse_range(args.dynamic_uids, "--dynamic-uids")
         session_gids = ids.parse_range(args.session_gids, "--session-gids")
@@ -100,8 +100,8 @@ def main(args: argparse.Namespace) -> int:
     state_root = args.state_root or default_state_root()
     # A private supervisor's zygote boots while the modules below import.
     early = _boot_early(state_root) if args.control_fd is not None else None
-    from .manifest import ManifestError
-    from .server import Config, Limits, Supervisor
+    from .manifests.manifest import ManifestError
+    from .daemon.server import Config, Limits, Supervisor
     limits = Limits(grace=args.grace, connections=args.max_connections,
                     connections_per_uid=args.max_connections_per_uid,
                     owner_connections=min(32, args.max_connections // 4),
@@ -114,8 +114,8 @@ def main(args: argparse.Namespace) -> int:
                     dynamic_uids_of=args.dynamic_uids_of,
                     audit=args.audit, audit_nested=args.audit_nested)
     if os.geteuid() == 0:
-        from .log import log
-        from .provenance import warning
+        from .daemon.log import log
+        from .daemon.provenance import warning
         line = warning()
         if line:
             log(line)
@@ -142,7 +142,7 @@ def _systemd_socket() -> int | None:
 def _socket_path(args: argparse.Namespace, listen_fd: int | None) -> str | None:
     """The path to bind, checked (OSError if it cannot be ours); None with
     systemd's socket or a private supervisor's control channel."""
-    from .paths import check_fallback, check_length, default_socket_path
+    from .client.paths import check_fallback, check_length, default_socket_path
     socket_path: str | None = args.socket
     if socket_path is None and listen_fd is None and args.control_fd is None:
         socket_path = default_socket_path()
@@ -162,7 +162,7 @@ def _not_positive(args: argparse.Namespace) -> str | None:
 
 def _boot_early(state_root: str) -> tuple[Isolation | None, Booting]:
     """A private supervisor's isolation and its zygote, booting."""
-    from .early import prepare
+    from .daemon.early import prepare
     from .zygote import boot
     isolation = prepare(state_root)
     try:

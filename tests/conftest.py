@@ -22,11 +22,11 @@ import pytest
 
 import landlock
 from landlock import abi_version
-from supervisor import ids
+from supervisor.manifests import ids
 
 CHILD_ALARM = 20  # seconds: no confined child outlives a hung test
 
-# The suite's own table of dynamic uids (supervisor/ids.py), never the
+# The suite's own table of dynamic uids (supervisor/manifests/ids.py), never the
 # host's: every supervisor, learn and check the tests start inherits it.
 _IDS_DIR = tempfile.mkdtemp(prefix="llsv-ids-")
 os.environ[ids.TABLE_ENV] = os.path.join(_IDS_DIR, "dynamic-uids")
@@ -44,7 +44,7 @@ def host_audit() -> Iterator[Any]:
         pytest.skip("machine setting: Landlock cannot log denials on this kernel (before 6.15)")
     # What `serve --audit` needs of the host (a container's network or PID
     # namespace, a bounding set without CAP_AUDIT_*): not the code's to fix.
-    from supervisor import audit as supervisor_audit
+    from supervisor.daemon import audit as supervisor_audit
     try:
         before = audit.status()
         audit.open_reader().close()
@@ -55,7 +55,7 @@ def host_audit() -> Iterator[Any]:
     # The suite relies on audit as supervisors do: a holder in their shared
     # record, so none of them puts it back under a test, nor the suite
     # under one of them; the last holder puts back what was changed.
-    from supervisor import audit_settings
+    from supervisor.daemon import audit_settings
     audit_settings.hold({})
     try:
         yield before
@@ -85,7 +85,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _audit_ran:
         terminalreporter.write_line(
             f"audit: {len(_audit_ran)} test(s) switched the host's audit on; the last holder of the shared record "
-            "(supervisor/audit_settings.py) puts every setting back, but the "
+            "(supervisor/daemon/audit_settings.py) puts every setting back, but the "
             "kernel keeps audit 'ever enabled' until reboot: every process forked since pays for a system-call "
             "audit context (slower system calls)")
 

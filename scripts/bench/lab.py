@@ -17,7 +17,7 @@ from .measure import rss_kib
 
 if TYPE_CHECKING:
     from supervisor.client import Client
-    from supervisor.manifest import Manifest
+    from supervisor.manifests.manifest import Manifest
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -97,7 +97,7 @@ class Bench:
                 self.results["skipped"][m["name"]] = f"its manifest does not load: {e}"
 
     def load_spec(self, name: str) -> Manifest:
-        from supervisor import manifest as manifests
+        from supervisor.manifests import manifest as manifests
         return manifests.load(self.mdir / f"{name}.yaml", state_root=str(self.state))
 
     def manifest_summary(self) -> dict[str, Any]:

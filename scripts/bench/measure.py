@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from supervisor import procfs
+from supervisor.daemon import procfs
 
 now_ns = time.perf_counter_ns
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from supervisor import procfs
+from supervisor.daemon import procfs
 
 from .lab import REPO, Bench
 from .measure import log

@@ -4,7 +4,7 @@
     child = await client.spawn("filesystem", stdin=r, stdout=w, stderr=2)
     status = await child.wait()
 
-The exchanges are in _client_core; this module waits for them in the event
+The exchanges are in client/exchange; this module waits for them in the event
 loop (bound them with asyncio.wait_for).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import _socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _client_core as core
-from .client import Client, connect_first
+from . import exchange as core
+from .sync import Client, connect_first
 from .paths import default_socket_paths
 
 

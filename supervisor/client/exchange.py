@@ -16,8 +16,8 @@ import functools
 import signal as signals
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
-from . import protocol
-from .errors import Code, SupervisorError
+from .. import protocol
+from ..errors import Code, SupervisorError
 
 # typing is ~3 ms of every `run` and its names here are mypy's alone:
 # TYPE_CHECKING is typing's own name without importing it (mypy takes the
@@ -43,7 +43,7 @@ NO_ANSWER = "no answer from the supervisor in time"
 REFUSAL_WAIT = 1.0   # seconds to read a refused peer's refusal
 DENIED_KEPT = 1000   # `denied` events a child keeps for its owner to take
 # How long to wait for `settled` after `exited`: the supervisor's own wait
-# for the kernel's count is at most 2.25 s (supervisor/audit.py, SETTLE_*).
+# for the kernel's count is at most 2.25 s (supervisor/daemon/audit.py, SETTLE_*).
 SETTLE_BOUND = 3.0
 
 

@@ -12,8 +12,8 @@ import os
 import socket
 from collections.abc import Sequence
 
-from . import protocol
-from .client import Client
+from .. import protocol
+from .sync import Client
 from .private_boot import Booting, launch
 
 

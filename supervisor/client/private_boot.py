@@ -1,7 +1,7 @@
 """Starting a private supervisor apart from connecting to it: light to import.
 
 Two ways to one `serve`. launch() spawns a fresh `python -I -S`
-(supervisor.interpreter) for any proxy, which may have threads: nothing of
+(supervisor.client.interpreter) for any proxy, which may have threads: nothing of
 its working directory or PYTHON* variables is imported there. fork() is
 `run --manifests`'s, at the top of its main before any thread and before it
 imports its client: the supervisor's start-up (its imports, the manifest)
@@ -120,7 +120,7 @@ def _serve_here(control: int, args: list[str]) -> int:
         os.dup2(devnull, 1)
         os.dup2(control, CONTROL_FD, inheritable=False)
         os.closerange(CONTROL_FD + 1, os.sysconf("SC_OPEN_MAX"))
-        from . import serve
+        from .. import serve
         return serve.main(serve.parse(args))
     except SystemExit as e:   # what the interpreter would make of it
         if e.code is None or isinstance(e.code, int):

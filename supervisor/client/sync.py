@@ -6,7 +6,7 @@
 
 One connection per child: closing it (or the proxy dying) ends the child
 unless its manifest says `on_disconnect: keep`. The exchanges themselves are
-in _client_core; this module waits for them with select() and deadlines.
+in client/exchange; this module waits for them with select() and deadlines.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import signal as signals
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from . import _client_core as core
-from . import protocol
-from ._client_core import (ConfinementUnavailable, NoSuchManifest, RefusedPeer, SpawnFailed, SupervisorError,
-                           error_from, shell_status)
+from . import exchange as core
+from .. import protocol
+from .exchange import (ConfinementUnavailable, NoSuchManifest, RefusedPeer, SpawnFailed, SupervisorError,
+                       error_from, shell_status)
 from .paths import SocketPathError, check_fallback, check_length, default_socket_paths
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)

@@ -1,25 +1,25 @@
 """Starting children: through the zygote, fresh or pooled (a tampered pooled one replaced), error pipe -> `spawned` or the stage that failed; a held warm server handed over.
 
 Each child is a Session, keyed by pid, from its fork until its end
-(supervisor/endings.py: TERM->KILL, `exited`, its gid given back) is done.
+(supervisor/daemon/endings.py: TERM->KILL, `exited`, its gid given back) is done.
 """
 from __future__ import annotations
 
 import errno
 import os
 
-from . import protocol
+from .. import protocol
 from .connections import Connections
 from .denials import Denials, Tally
 from .endings import Endings
-from .errors import Code, Refused
+from ..errors import Code, Refused
 from .limits import Limits
 from .loop import Loop, Periodic
-from .manifest import Manifest
+from ..manifests.manifest import Manifest
 from .session import Connection, Session
-from .zygote.messages import ChildFailure
-from .zygote.pools import Gids
-from .zygote.process import Launch, ZygoteProcess
+from ..zygote.messages import ChildFailure
+from ..zygote.pools import Gids
+from ..zygote.process import Launch, ZygoteProcess
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

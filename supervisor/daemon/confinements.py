@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import landlock
 
-from .errors import Code, Refused
+from ..errors import Code, Refused
 
 MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded
 
@@ -11,7 +11,7 @@ MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded
 class Confinements:
     def __init__(self) -> None:
         self._cache: dict[landlock.Spec, landlock.Confinement] = {}
-        self.canary: str | None = None   # supervisor/audit.py: each domain marked with it
+        self.canary: str | None = None   # supervisor/daemon/audit.py: each domain marked with it
 
     def get(self, spec: landlock.Spec) -> landlock.Confinement:
         """Raises Refused: the kernel cannot enforce it, a path it cannot use,

@@ -14,8 +14,9 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 
-from . import peers, procfs, protocol
-from .errors import Code, Refused, SupervisorError
+from . import peers, procfs
+from .. import protocol
+from ..errors import Code, Refused, SupervisorError
 from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic

@@ -1,7 +1,7 @@
 """What the kernel denied each session: a record's domain -> its session, one event per distinct denial, rate-limited, with the manifest line that would allow it.
 
 The records are Landlock's (landlock.audit); which are read at all is
-supervisor/audit.py's business. A session's own domain is the one named by
+supervisor/daemon/audit.py's business. A session's own domain is the one named by
 the record of its canary: a file with a random name the zygote made for
 that child alone, which the child, confined, tries to open for writing
 before exec (landlock.enter.mark_domain). Nobody else can name it (its
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from landlock import audit, rights
 
-from . import protocol, refusal
+from .. import protocol
+from ..manifests import refusal
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

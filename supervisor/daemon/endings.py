@@ -11,7 +11,8 @@ import signal
 import time
 from collections.abc import Callable
 
-from . import protocol, reap, survivors
+from .. import protocol
+from . import reap, survivors
 from .connections import Connections
 from .denials import Denials
 from .limits import Limits
@@ -19,8 +20,8 @@ from .log import log
 from .loop import Loop
 from .session import Connection, Session
 from .settling import Settling
-from .zygote.pools import Gids
-from .zygote.process import Reaped, ZygoteProcess
+from ..zygote.pools import Gids
+from ..zygote.process import Reaped, ZygoteProcess
 
 
 class Endings:
@@ -32,7 +33,7 @@ class Endings:
         self.pid = os.getpid()
         self.sessions: dict[int, Session] = {}   # by pid, from its fork until forgotten
         self.settling = Settling(loop, denials, connections.send) if denials is not None else None
-        # A held session exec'd, failed or ended: the warm servers' (supervisor/warm.py) to look at.
+        # A held session exec'd, failed or ended: the warm servers' (supervisor/daemon/warm.py) to look at.
         self.on_held: Callable[[Session], None] = lambda session: None
 
     def client_gone(self, conn: Connection) -> None:
@@ -130,7 +131,7 @@ class Endings:
         found = None
         if reason == "exited" and exited["code"] and session.conn is not None:
             # A server that stops on its own may have met file permissions, not Landlock.
-            from . import dac
+            from ..manifests import dac
             found = [str(f) for f in dac.findings(session.manifest)]
         self.connections.send(session.conn, protocol.exited(
             session.pid, reason, exited, None if tally is None else {**tally.summary(), "final": settling is None},

@@ -11,15 +11,16 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 
-from . import policy, procfs, protocol
+from . import policy, procfs
+from .. import protocol
 from .audit import Visibility
 from .children import Children
 from .connections import Connections
-from .errors import Code, Refused
-from .manifest import Manifest
+from ..errors import Code, Refused
+from ..manifests.manifest import Manifest
 from .session import Connection, Session
 from .warm import WarmServers
-from .zygote.process import ZygoteProcess
+from ..zygote.process import ZygoteProcess
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 import landlock
 from landlock.spec import parse_limit
 
-from . import protocol
-from .errors import Code, Refused
+from .. import protocol
+from ..errors import Code, Refused
 from .limits import Limits
-from .manifest import Manifest, unknown_name
-from .manifest_sandbox import PATH_CLASSES, PORT_KEYS
-from .manifest_serving import AUTO_POOL
+from ..manifests.manifest import Manifest, unknown_name
+from ..manifests.sandbox import PATH_CLASSES, PORT_KEYS
+from ..manifests.serving import AUTO_POOL
 from .peers import Peer
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)

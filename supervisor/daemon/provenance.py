@@ -8,7 +8,7 @@ import stat
 import sys
 from collections.abc import Iterable
 
-from .interpreter import SUPERVISOR_IMPORTS, import_paths
+from ..client.interpreter import SUPERVISOR_IMPORTS, import_paths
 
 
 def writable_by_others(st: os.stat_result) -> bool:

@@ -9,10 +9,11 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable
 
-from . import denials, ids, refusal, state
-from . import manifest as manifests
+from . import denials
+from ..manifests import ids, refusal, state
+from ..manifests import manifest as manifests
 from .log import log
-from .manifest import Manifest, ManifestError
+from ..manifests.manifest import Manifest, ManifestError
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

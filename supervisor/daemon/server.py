@@ -11,24 +11,25 @@ import signal
 import socket
 from dataclasses import dataclass, field
 
-from . import audit, ids, listener, namespaces, peers, policy, served, survivors, warm
+from . import audit, listener, namespaces, peers, policy, served, survivors, warm
+from ..manifests import ids
 from .children import Children
 from .confinements import Confinements
 from .connections import Connections
 from .early import keep_stdio_open, prepare
 from .endings import Endings
-from .errors import Code, Refused
+from ..errors import Code, Refused
 from .limits import Limits, OwnLimits
 from .log import log
 from .loop import Loop, Periodic, Timer
-from .manifest import Manifest, ManifestError
+from ..manifests.manifest import Manifest, ManifestError
 from .operations import Operations
-from .paths import default_socket_path
+from ..client.paths import default_socket_path
 from .session import Connection
 from .survivors import Records
-from .zygote.boot import Booting
-from .zygote.pools import Gids
-from .zygote.process import Launch, ZygoteProcess
+from ..zygote.boot import Booting
+from ..zygote.pools import Gids
+from ..zygote.process import Launch, ZygoteProcess
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from .denials import Tally
     from .loop import Timer
-    from .manifest import Manifest
-    from .zygote.process import Launch
+    from ..manifests.manifest import Manifest
+    from ..zygote.process import Launch
 
     Retry = tuple[Launch, list[int]]
 
@@ -51,8 +51,8 @@ class Session:
     leftovers: bool = False         # processes of its session outlived it: its gid stays taken until the KILL
     retry: Retry | None = None      # a pooled child's request and the client's stdio, kept until it
                                     # execs: a fresh child's if it was tampered with
-    tally: Tally | None = None      # its denials, when they are read (supervisor/audit.py)
-    held: bool = False              # a warm server nobody's yet (supervisor/warm.py): `spawned` waits for its client
+    tally: Tally | None = None      # its denials, when they are read (supervisor/daemon/audit.py)
+    held: bool = False              # a warm server nobody's yet (supervisor/daemon/warm.py): `spawned` waits for its client
     pipes: list[int] | None = None  # the client's ends of its stdio pipes (`stdio: "pipes"`), sent with `spawned`
     warm: dict[str, Any] | None = None   # in `spawned`: whether a warm server served it, and if not why
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import audit, protocol
+from . import audit
+from .. import protocol
 from .audit import SETTLE_MAX, SETTLE_WAIT
 from .denials import Denials
 from .loop import Loop

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from landlock import enter
 
 from . import procfs
-from .zygote.pools import proc_limits
+from ..zygote.pools import proc_limits
 
 _SCHED_RESET_ON_FORK = 0x40000000
 _KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)

@@ -29,17 +29,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from . import protocol
+from .. import protocol
 from .children import Children
 from .endings import Endings
-from .errors import Code, Refused
+from ..errors import Code, Refused
 from .limits import Limits
 from .log import log
 from .loop import Loop, Timer
-from .manifest import Manifest
+from ..manifests.manifest import Manifest
 from .session import Session
 from .tamper import Scheduling, as_forked, limits_of, scheduling_of, tampered
-from .zygote.process import Launch
+from ..zygote.process import Launch
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..refusal import known, why_not
-from ..secrets import within
+from ..manifests.refusal import known, why_not
+from ..manifests.secrets import within
 from . import temporary as temporaries
 from .exclude import Excluded, refusal
 from .names import writable as nameable
@@ -276,7 +276,7 @@ def tree(path: str, kind: str, layout: Layout) -> tuple[str, str]:
 
 def _unsafe(path: str, layout: Layout) -> str | None:
     """Why `path` must not be granted, however it was reached: the one
-    refusal table (supervisor/refusal.py, as for the denial lines), then
+    refusal table (supervisor/manifests/refusal.py, as for the denial lines), then
     what this learning excluded."""
     table = known((*layout.homes, layout.home), ())
     inside = next((e for e in layout.excluded if within(e.path, path)), None)

@@ -53,7 +53,7 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """The options checked, then the rounds (run)."""
-    from .. import refusal
+    from ..manifests import refusal
     from . import exclude, learner
     from .session import SessionFileError, requests
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -141,7 +141,7 @@ def run(opts: learner.Options) -> int:
 
 def _destination(opts: learner.Options) -> destination.Destination:
     """--out's directory, opened; refused inside what the learning run may write."""
-    from ..secrets import within
+    from ..manifests.secrets import within
     from . import learner
     from .destination import Destination, Refused
     where = Destination(opts.out)
@@ -157,7 +157,7 @@ def _destination(opts: learner.Options) -> destination.Destination:
 def _refuse_own_grant(one: learner.Learner, where: destination.Destination, text: str) -> None:
     """The learnt manifest, loaded as `serve` will load it, must not let its
     server write where it is kept (the next load would take its policy)."""
-    from .. import manifest as manifests
+    from ..manifests import manifest as manifests
     from . import learner
     path = os.path.join(one.private, "learnt.yaml")   # learn's own directory (0700)
     with open(path, "w") as f:

@@ -12,8 +12,8 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..refusal import Known, why_not
-from ..secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
+from ..manifests.refusal import Known, why_not
+from ..manifests.secrets import HOME_SECRETS, SSH_HOST_KEYS, SYSTEM_SECRETS, is_env_file, within
 
 
 @dataclass(frozen=True)

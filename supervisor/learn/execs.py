@@ -11,7 +11,7 @@ import stat
 import struct
 from collections.abc import Mapping
 
-from ..profiles import regular_file, shebang
+from ..manifests.profiles import regular_file, shebang
 
 _PT_INTERP = 3
 _MAX_DEPTH = 4      # the kernel's own limit on #! nesting (BINPRM_MAX_RECURSION)

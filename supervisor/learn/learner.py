@@ -22,8 +22,8 @@ from typing import Any
 
 from landlock.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 
-from .. import ids, profiles
-from ..paths import default_state_root
+from ..manifests import ids, profiles
+from ..client.paths import default_state_root
 from . import collapse as collapsing
 from . import area, exclude, execs, render, report, runner
 from .collapse import Layout, Proposal

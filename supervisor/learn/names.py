@@ -35,12 +35,12 @@ def writable(path: str) -> bool:
     """A manifest can name exactly this path: one the loader reads back as
     it is (no `${NAME}`, which it would expand: a server's `/tmp/${HOME}`
     would be another path, or an unset variable a manifest that does not load)."""
-    from ..manifest_file import VARIABLE
+    from ..manifests.file import VARIABLE
     if VARIABLE.search(path):
         return False
     if path.isascii() and path.isprintable():
         return True   # only `"` and `\` escaped, which YAML reads back
-    from ..manifest_yaml import NotYaml, parse
+    from ..manifests.document import NotYaml, parse
     try:
         path.encode()
         return bool(parse("a path", f"p: {q(path)}".encode()) == {"p": path})

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..secrets import within
+from ..manifests.secrets import within
 from .collapse import RIGHTS, Proposal, describe
 from . import temporary
 from .names import clean, q

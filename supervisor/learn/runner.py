@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import SupervisorError
+from ..client.sync import SupervisorError
 from ..errors import Code
-from ..private import PrivateStartFailed, start
+from ..client.private import PrivateStartFailed, start
 from .session import Outcome, drive
 from .trace import BIND_TCP, CONNECT_TCP, CREATE, EXEC, LIST, READ, REMOVE, STRACE, WRITE, Access, read_tasks
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..secrets import within
+from ..manifests.secrets import within
 from .trace import WRITE_KINDS, Access
 
 ROOTS = ("/tmp", "/var/tmp", "/dev/shm")

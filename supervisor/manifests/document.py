@@ -1,7 +1,7 @@
 """A manifest's text -> its YAML document: PyYAML's safe loader, without aliases or duplicate keys.
 
 Imported only when a manifest is parsed anew: PyYAML is ~7 ms of a private
-supervisor's start-up, which a parse the supervisor kept (manifest_file)
+supervisor's start-up, which a parse the supervisor kept (manifests/file)
 spares it.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 class NotYaml(ValueError):
-    """Text that is not a YAML document we accept; manifest_file makes it a ManifestError
-    (not imported here: manifest_file imports this module, lazily, and not the other way)."""
+    """Text that is not a YAML document we accept; manifests/file makes it a ManifestError
+    (not imported here: manifests/file imports this module, lazily, and not the other way)."""
 
 
 def parse(source: str, text: bytes) -> Any:

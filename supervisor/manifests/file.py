@@ -2,7 +2,7 @@
 
 A supervisor keeps what it parsed (`parsed`, a directory of its own under
 its state root): each entry holds a manifest's text and its document, and
-serves that exact text only, parsed by the same parser (manifest_yaml and
+serves that exact text only, parsed by the same parser (manifests/document and
 PyYAML's files as they were: a refusal added later is not skipped). A
 private supervisor, started by every `run --manifests`, then neither
 imports PyYAML (~7 ms) nor parses.
@@ -51,7 +51,7 @@ def read(source: str, parsed: str | None = None) -> Any:
         kept = _kept(entry)
         if kept is not None and kept.get("text") == decoded and kept.get("parser") == _parser():
             return kept.get("document")
-    from . import manifest_yaml
+    from . import document as manifest_yaml
     try:
         document = manifest_yaml.parse(source, text)
     except manifest_yaml.NotYaml as e:
@@ -63,7 +63,7 @@ def read(source: str, parsed: str | None = None) -> Any:
 
 @functools.cache
 def _parser() -> str | None:
-    """Which parser: the size and mtime of manifest_yaml's file and of
+    """Which parser: the size and mtime of manifests/document's file and of
     PyYAML's (found, not imported); once a process, which parses with the
     parser it had first."""
     from importlib.machinery import PathFinder
@@ -71,7 +71,7 @@ def _parser() -> str | None:
     if yaml is None or yaml.origin is None:
         return None
     try:
-        stats = [os.stat(os.path.join(os.path.dirname(__file__), "manifest_yaml.py")), os.stat(yaml.origin)]
+        stats = [os.stat(os.path.join(os.path.dirname(__file__), "document.py")), os.stat(yaml.origin)]
     except OSError:
         return None
     return " ".join(f"{st.st_size}:{st.st_mtime_ns}" for st in stats)

@@ -7,7 +7,7 @@ import grp
 from collections.abc import Callable
 
 from . import ids
-from .manifest_file import Expander, Reader
+from .file import Expander, Reader
 
 DynamicUid = Callable[[str], int]
 

@@ -27,7 +27,7 @@ import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from .paths import ROOT_STATE
+from ..client.paths import ROOT_STATE
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import landlock
 from landlock import privileges
 
-from . import manifest_identity, manifest_process, manifest_sandbox, manifest_serving, profiles
-from .manifest_file import MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, read
-from .manifest_identity import DynamicUid
-from .manifest_sandbox import PATH_CLASSES
-from .manifest_serving import AUTO_POOL, WARM_MAX_AGE
+from . import (identity as manifest_identity, process as manifest_process, sandbox as manifest_sandbox,
+               serving as manifest_serving, profiles)
+from .file import MAX_MANIFEST_BYTES, Expander, ManifestError, Reader, read
+from .identity import DynamicUid
+from .sandbox import PATH_CLASSES
+from .serving import AUTO_POOL, WARM_MAX_AGE
 from .secrets import within
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
@@ -53,7 +54,7 @@ class Manifest:
     allow_root: bool = False
     pool: int | str = AUTO_POOL      # children kept forked and confined, ready for a request; "auto": adaptive
     terminal: bool = False           # a client may pass a terminal as stdio (it can then inject input)
-    warm: int = 0                    # servers started ahead, each handed whole to one client (supervisor/warm.py)
+    warm: int = 0                    # servers started ahead, each handed whole to one client (supervisor/daemon/warm.py)
     warm_max_age: int = WARM_MAX_AGE  # seconds one waits unused before it is replaced
     warnings: tuple[str, ...] = field(default=())
     area: str | None = None          # <state root>/servers/<name>: the supervisor's, holding state and caches
@@ -116,7 +117,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
          dynamic_uid: DynamicUid | None = None, parsed: str | None = None) -> Manifest:
     """dynamic_uid(name): the uid of a `user: dynamic` manifest under a root
     supervisor (ids.Table); without it such a manifest runs as the supervisor.
-    parsed: the supervisor's directory of parsed manifests (manifest_file.read)."""
+    parsed: the supervisor's directory of parsed manifests (manifests/file.read)."""
     return _Loader(str(path), dict(os.environ if env is None else env), state_root,
                    os.geteuid() == 0 if as_root is None else as_root, dynamic_uid, parsed).load()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .manifest_file import ENV_NAME, Expander, Reader
+from .file import ENV_NAME, Expander, Reader
 
 
 def command(top: Reader, expand: Expander, env: Mapping[str, str], inherit_env: list[str],

@@ -11,7 +11,7 @@ from landlock import privileges
 from landlock.spec import parse_limit
 
 from . import profiles
-from .manifest_file import Expander, Reader, port_list
+from .file import Expander, Reader, port_list
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:

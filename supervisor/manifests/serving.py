@@ -3,7 +3,7 @@
 steps (manifest._Loader), each failing on the key it reads."""
 from __future__ import annotations
 
-from .manifest_file import Reader
+from .file import Reader
 
 MAX_POOL = 8
 MAX_WARM = 8

@@ -3,7 +3,7 @@
     <state root>/servers/<name>/        the area: the supervisor's, the server cannot write it
         state/                          $STATE_DIR, the default cwd (the server's)
         npm-cache/ uv-cache/ uv-tools/  profile caches (the server's), siblings of state
-    <state root>/parsed/                manifests the supervisor parsed (manifest_file.read)
+    <state root>/parsed/                manifests the supervisor parsed (manifests/file.read)
     <state root>/denials/               `run`'s, not made here (journal.py)
 
 A grant inside a directory its server may write can be swapped for a

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .. import interpreter
+from ..client import interpreter
 
 REQUESTS_FD, EVENTS_FD = 3, 4   # messages.REQUESTS_FD, EVENTS_FD (not imported here: checked in process)
 ENTRY = "from supervisor.zygote import main; main.main()"

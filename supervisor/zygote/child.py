@@ -283,7 +283,7 @@ LAST = tuple((stage, _entering(step)) for stage, step in enter.LAST)         # r
 # and the new session, the new session before the user change, the user change before the Landlock
 # domain (CONFINE), pdeathsig after the user change (which clears it),
 # rlimits last (a memory or NOFILE limit can break the Python still
-# running). A warm server (supervisor/warm.py) is FRESH: its request is its
+# running). A warm server (supervisor/daemon/warm.py) is FRESH: its request is its
 # manifest's own, its stdio pipes the supervisor holds, so it walks exactly
 # what a fresh spawn of that manifest walks. A new path is one more
 # sequence here, chosen in _sequence.

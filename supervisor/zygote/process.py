@@ -22,14 +22,14 @@ from enum import Enum
 
 import landlock
 
-from ..log import log
+from ..daemon.log import log
 from . import boot, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
 from .pools import Demand, Gids, Pools, proc_limits
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
-    from ..policy import SpawnPlan
+    from ..daemon.policy import SpawnPlan
 
 assert (boot.REQUESTS_FD, boot.EVENTS_FD) == (messages.REQUESTS_FD, messages.EVENTS_FD)
 _REPLY_TIMEOUT = 3.0  # a fork takes a millisecond; the supervisor waits on nothing else so long

@@ -17,7 +17,7 @@ the user's environment, passed on with `--inherit-env` (the client config
 gives it to `run` too); uvx by `--env UV_OFFLINE=1` in the manifest. Then,
 per server:
 
-- learn exits 0 and its manifest loads (`check`, and supervisor.manifest);
+- learn exits 0 and its manifest loads (`check`, and supervisor.manifests.manifest);
 - the official Python SDK (.clients; tests/e2e/clients/driver.py) starts
   `landlock-supervisor run --manifests DIR NAME` in private mode as its stdio
   server: initialize, tools/list and the tool calls succeed, confined;
@@ -52,8 +52,8 @@ import pytest
 import yaml
 
 import landlock
-from supervisor import ids
-from supervisor import manifest as manifests
+from supervisor.manifests import ids
+from supervisor.manifests import manifest as manifests
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))  # clienthelpers, any import mode
 from clienthelpers import CLIENTS, HERE as CLIENTS_HERE, PATH, SUPERVISOR, clients_problem  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import ids
+from supervisor.manifests import ids
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2ehelpers import PYTHON, REPO, SERVERS, servers_problem  # noqa: E402

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import ids
-from supervisor import manifest as manifests
+from supervisor.manifests import ids
+from supervisor.manifests import manifest as manifests
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2ehelpers import ALL, EXAMPLES, SECRET_MARKER, Server, World  # noqa: E402

@@ -27,8 +27,8 @@ from clienthelpers import free_uid  # noqa: E402
 from e2ehelpers import (EXAMPLES, PYTHON, REPO, SERVERS, McpSession, seed_caches, state_root_for,  # noqa: E402
                         stop_supervisor, tail, tool_text)
 
-from supervisor.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,  # noqa: E402
-                            encode_acl, parse_acl)
+from supervisor.manifests.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,
+                                      encode_acl, parse_acl)  # noqa: E402
 
 GROUP_NAME = "users"    # a group every Debian system has: the test adds no group to the host
 GID = grp.getgrnam(GROUP_NAME).gr_gid

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import ids
+from supervisor.manifests import ids
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))
 from clienthelpers import free_uid  # noqa: E402

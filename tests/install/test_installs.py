@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import ids
+from supervisor.manifests import ids
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "supervisor"))

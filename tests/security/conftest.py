@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from sechelpers import (DEDICATED_UIDS, IDENTITIES, KERNEL_ABI, ROOT, Identity, make_arena,  # noqa: E402
                         reset_writable, svconf)
-from supervisor import procfs  # noqa: E402
+from supervisor.daemon import procfs  # noqa: E402
 
 # A session keyring of the test run's own, before any supervisor starts: the
 # supervisors (and, without the fix, their children) share it, so a key

@@ -20,7 +20,7 @@ import pytest
 
 from sechelpers import (BOMB, BOMB_UID, FOREIGN_UID, IDENTITIES, KERNEL_ABI, Arena, Outcome, accepted, attack, case,
                         through_a_terminal)
-from supervisor import procfs
+from supervisor.daemon import procfs
 from supervisor.client import SupervisorError
 from svhelpers import alive, wait_until
 

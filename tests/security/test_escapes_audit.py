@@ -24,8 +24,8 @@ from sechelpers import FOREIGN_UID, HERE, IDENTITIES, PYTHON3, case
 from svhelpers import counted, read_line, run, wait_until
 
 from landlock import audit
-from supervisor import procfs
-from supervisor.audit import CANARY_DIR
+from supervisor.daemon import procfs
+from supervisor.daemon.audit import CANARY_DIR
 
 # Not `enforcement`: host_audit skips where denials cannot be seen (before
 # 6.15, outside the initial network namespace), a machine setting that

@@ -16,7 +16,8 @@ import pytest
 from sechelpers import case, check_limit
 from svhelpers import run
 
-from supervisor.dac import ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ, encode_acl
+from supervisor.manifests.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,
+                                      encode_acl)
 
 pytestmark = [pytest.mark.enforcement,
               pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor switches uids and groups")]

@@ -22,8 +22,8 @@ import pytest
 
 from sechelpers import HERE, IDENTITIES, Identity, case
 
-from supervisor import manifest as manifests
-from supervisor import manifest_yaml
+from supervisor.manifests import manifest as manifests
+from supervisor.manifests import document as manifest_yaml
 
 pytestmark = [pytest.mark.enforcement, pytest.mark.skipif(not os.path.exists("/usr/bin/strace"),
                                                           reason="learn needs strace")]

@@ -29,7 +29,7 @@ import pytest
 
 from sechelpers import (BOMB_UID, CHILD_UID, PROBE, PYTHON3, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
                         check_limit, through_a_terminal)
-from supervisor import ids
+from supervisor.manifests import ids
 from supervisor.client import SupervisorError
 from svhelpers import processes_with_tag, read_all, run, spawn_bg, wait_until
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from sechelpers import SUPERVISOR_UID, Supervisor, check_limit
-from supervisor import peers
+from supervisor.daemon import peers
 from supervisor.client import SpawnFailed, SupervisorError
 from svhelpers import (alive, connect, processes_with_tag, recv, run, send, sh, spawn_bg, state,
                        wait_until, zombies_of)
@@ -416,7 +416,7 @@ def test_pid_reused_before_the_error_pipe_is_read(lab, monkeypatch):
     error pipe was read. The new child's session must not be lost (its
     client would never get `exited`, and spawned != exited). In process,
     with fork faked to hand out the same pid twice."""
-    from supervisor import server
+    from supervisor.daemon import server
     lab.stock()
     supervisor = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)],
                                                  state_root=str(lab.state_root),

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from supervisor import manifest as manifests
-from supervisor.manifest import ManifestError
+from supervisor.manifests import manifest as manifests
+from supervisor.manifests.manifest import ManifestError
 from svhelpers import recv, run, zombies_of
 
 SEED = int(os.environ.get("LLSV_FUZZ_SEED", "20240607"))

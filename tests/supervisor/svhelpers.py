@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import procfs
+from supervisor.daemon import procfs
 from supervisor.client import Child, Client
-from supervisor.procfs import alive, children_of, stat_fields, state
+from supervisor.daemon.procfs import alive, children_of, stat_fields, state
 
 __all__ = ["alive", "children_of", "stat_fields", "state"]  # the tests import them from here
 
@@ -172,7 +172,7 @@ def lost_any(lost: dict[str, int]) -> bool:
 def reported_lost(client: Client) -> dict[str, int]:
     """The `denials` reply's `lost`, the kernel's counter read anew: the
     supervisor reads it only once no record came since its last reading
-    (supervisor/audit.py, Reader.status: asking during a flood can stall
+    (supervisor/daemon/audit.py, Reader.status: asking during a flood can stall
     its loop), which its own check brings within a second or two. Waits
     up to 3 s for a loss reported; else the last reply's."""
     lost: dict[str, int] = {}

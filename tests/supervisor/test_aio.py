@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from supervisor.aio import AsyncClient
+from supervisor.client.aio import AsyncClient
 from supervisor.client import NoSuchManifest
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from landlock import audit
-from supervisor import audit_settings
+from supervisor.daemon import audit_settings
 from supervisor.client import Client
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -82,7 +82,7 @@ def test_detail_each_denial_reaches_its_client_with_the_line_that_allows_it(lab:
     assert event["process"]["comm"] == "cat" and event["pid"] == result.child.pid
     sv.stop()
     now = audit.status().enabled
-    if now != 1:   # the suite relies on it too (supervisor.audit_settings): left on, unless another program switched it
+    if now != 1:   # the suite relies on it too (supervisor.daemon.audit_settings): left on, unless another program switched it
         pytest.skip(f"machine setting changed under the test: audit enabled={now}, {host_audit.enabled} before")
 
 
@@ -350,7 +350,7 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
 
 def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, host_audit: Any) -> None:
     """Denied while it waited (nobody's yet): told to the client that gets
-    it, after `spawned`, and counted in its `exited` (supervisor/warm.py)."""
+    it, after `spawned`, and counted in its `exited` (supervisor/daemon/warm.py)."""
     lab.manifest("wdenied", command="/bin/sh", args=["-c", "cat /etc/hostname 2>/dev/null; exec cat"], warm=1,
                  user=65534, sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
     sv = lab.start(extra=["--audit", "detail"])

@@ -64,7 +64,7 @@ def test_audit_off_changes_nothing_and_says_why(lab: Any) -> None:
 _CHOOSE = """
 import os, sys
 os.setgroups([]); os.setresgid(64150, 64150, 64150); os.setresuid(64150, 64150, 64150)
-from supervisor import audit
+from supervisor.daemon import audit
 print(audit.choose(None, False, True).reason)
 print(audit.choose(None, False, False).reason)
 try:

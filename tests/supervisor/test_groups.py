@@ -76,8 +76,8 @@ def test_check_shows_what_file_permissions_stop_and_passes_the_documented_acl(la
     docs/manifests.md says (the group on the way and a default ACL, g::---) has nothing to say."""
     import json
     from svhelpers import PYTHON, REPO
-    from supervisor.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,
-                                encode_acl)
+    from supervisor.manifests.dac import (ACCESS_XATTR, DEFAULT_XATTR, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ,
+                                          encode_acl)
     private = lab.dir / "home"
     project = private / "project"
     project.mkdir(parents=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import ids
-from supervisor import manifest as manifests
+from supervisor.manifests import ids
+from supervisor.manifests import manifest as manifests
 from supervisor.learn import session
-from supervisor.private import start
+from supervisor.client.private import start
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="learn needs strace")
 

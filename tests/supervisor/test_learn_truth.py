@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_learn import kept, learn  # noqa: F401 (a fixture)
 
-from supervisor import manifest as manifests
+from supervisor.manifests import manifest as manifests
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="learn needs strace")
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from supervisor import manifest as manifests
+from supervisor.manifests import manifest as manifests
 from supervisor.client import NoSuchManifest
-from supervisor.manifest import ManifestError
+from supervisor.manifests.manifest import ManifestError
 from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, run, sh, spawn_bg, state,
                        wait_until, zombies_of)
 

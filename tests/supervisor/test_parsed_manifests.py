@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from svhelpers import PYTHON, REPO
 
-from supervisor import manifest_file, state
-from supervisor.manifest_file import ManifestError
+from supervisor.manifests import file as manifest_file, state
+from supervisor.manifests.file import ManifestError
 
 TEXT = "command: /bin/true\nargs: [a, b]\nuser: nobody\nsandbox: {profiles: [system]}\n"
 
@@ -50,7 +50,7 @@ def test_kept_and_used_for_that_text_alone(kept):
 
 @pytest.mark.timeout(10)
 def test_another_parser_parses_anew(kept, monkeypatch):
-    """An entry of another manifest_yaml or PyYAML (a refusal added since, say) is not used."""
+    """An entry of another manifests/document or PyYAML (a refusal added since, say) is not used."""
     source, directory = kept
     manifest_file.read(str(source), directory)
     entry = _entry(directory)
@@ -105,7 +105,7 @@ def test_refusals_are_not_kept(tmp_path, kept):
 
 _LOAD = """
 import sys
-from supervisor import manifest
+from supervisor.manifests import manifest
 loaded = manifest.load_all([sys.argv[1]], only="m", state_root=sys.argv[2], parsed=sys.argv[3])
 print(sorted(loaded), "yaml" in sys.modules)
 """
@@ -128,7 +128,7 @@ def test_a_second_load_imports_no_yaml(kept, tmp_path):
                                             ("{top}/elsewhere", False)])
 def test_a_grant_holding_the_state_root_is_warned_about(tmp_path, granted, warned):
     """Such a server could rewrite the parsed manifests (and every server's state)."""
-    from supervisor import manifest
+    from supervisor.manifests import manifest
     root = tmp_path / "top" / "root"
     path = granted.format(root=root, top=tmp_path / "top")
     source = tmp_path / "m.yaml"

@@ -234,7 +234,7 @@ def test_private_supervisor_children_keep_default_signals(lab):
 
 
 def test_pool_is_bounded_in_the_manifest(lab):
-    from supervisor import manifest as manifests
+    from supervisor.manifests import manifest as manifests
     path = lab.manifest("big", command="/bin/true", pool=9)
     with pytest.raises(manifests.ManifestError, match="pool"):
         manifests.load(path, state_root=str(lab.state_root))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import supervisor
-from supervisor import procfs
+from supervisor.daemon import procfs
 from supervisor.client import NoSuchManifest, SpawnFailed
 from svhelpers import (GRACE, PYTHON, REPO, alive, processes_with_tag, read_line, run, sh, socket_inodes,
                        spawn_bg, state, unix_socket_paths, wait_until)
@@ -148,7 +148,7 @@ def test_private_supervisor_imports_nothing_from_the_working_directory(lab, tmp_
         argv = [str(Path(PYTHON).parent / "landlock-supervisor"), "run", "--allow-root-servers", "--manifests",
                 str(lab.manifest_dir), "sh", "--", "echo ok"]
     else:
-        code = ("import sys; from supervisor import private; c = private.start(sys.argv[1], "
+        code = ("import sys; from supervisor.client import private; c = private.start(sys.argv[1], "
                 "extra_args=['--allow-root-servers']); print(c.ping()['event']); c.close()")
         argv = [PYTHON, "-I", "-c", code, str(lab.manifest_dir)]
     r = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=20)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor import provenance
+from supervisor.daemon import provenance
 from svhelpers import PYTHON, REPO
 
 OWNER_UID = 64053   # a uid nothing else uses (64000-64999 are the tests')

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import procfs, server, survivors
+from supervisor.daemon import procfs, server, survivors
 from supervisor.errors import Refused
 from supervisor.client import SupervisorError
 from svhelpers import GRACE, alive, children_of, connect, recv, run, send, sh, spawn_bg, wait_until
@@ -361,7 +361,7 @@ def test_no_fd_for_the_error_pipe_forks_nothing(monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_out_of_fds_for_the_error_pipe_is_spawn_failed(lab, monkeypatch):
-    from supervisor import peers
+    from supervisor.daemon import peers
     lab.stock()
     sv = server.Supervisor(server.Config(manifest_paths=[str(lab.manifest_dir)], state_root=str(lab.state_root),
                                          session_gids=(1879113728, 1879113730), allow_root_servers=True))

@@ -22,7 +22,7 @@ def _as_user(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
                           extra_groups=[], capture_output=True, text=True, timeout=20)
 
 
-_PRINT_PATHS = "from supervisor.paths import default_socket_paths as d; print(' '.join(d()))"
+_PRINT_PATHS = "from supervisor.client.paths import default_socket_paths as d; print(' '.join(d()))"
 FALLBACK = f"/tmp/landlock-supervisor-{USER_UID}"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switches to another uid")
 
@@ -146,7 +146,7 @@ def test_serve_and_run_meet_as_a_plain_user(lab, places, case):
 def test_socket_writers(read_write, read_write_noexec, warned):
     from types import SimpleNamespace
 
-    from supervisor.server import socket_writers
+    from supervisor.daemon.server import socket_writers
     loaded = {"m": SimpleNamespace(spec=SimpleNamespace(read_write=read_write, read_write_noexec=read_write_noexec))}
     assert bool(socket_writers("/tmp/landlock-supervisor-1000", loaded)) is warned   # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ from multiprocessing import Pool
 import pytest
 from svhelpers import PYTHON, REPO, run
 
-from supervisor import ids
+from supervisor.manifests import ids
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root supervisor's behaviour")
 
@@ -364,7 +364,7 @@ def test_npx_and_uvx_profiles_bound_the_registry_and_name_the_ca_bundle(lab, mon
     """The npx and uvx profiles bound npm's and uv's retries and timeouts,
     and point node and uv at the system CA bundle when a CA was added
     locally; a value the manifest sets or inherits wins over theirs."""
-    from supervisor import manifest, profiles
+    from supervisor.manifests import manifest, profiles
     monkeypatch.setattr(profiles, "local_ca_bundle", lambda: "/etc/ssl/certs/ca-certificates.crt")
     bin_dir = lab.dir / "bin"
     bin_dir.mkdir()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.aio import AsyncClient
+from supervisor.client.aio import AsyncClient
 from supervisor.client import SupervisorError
 from supervisor.errors import Code
 from svhelpers import read_all, read_line, run, wait_until

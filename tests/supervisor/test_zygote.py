@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from landlock import enter
-from supervisor import interpreter
+from supervisor.client import interpreter
 from supervisor.zygote import boot, child, messages
 
 # What the zygote's entry may load beyond a bare `python -I -S`: C modules,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.manifest import Manifest, load
+from supervisor.manifests.manifest import Manifest, load
 
 DYNAMIC_UID = 1879048198
 

@@ -7,8 +7,9 @@ import socket
 
 import pytest
 
-from supervisor import _client_core as core
-from supervisor import aio, protocol
+from supervisor.client import exchange as core
+from supervisor.client import aio
+from supervisor import protocol
 from supervisor.client import _run
 
 

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from supervisor.dac import (ACL_XATTR_VERSION, GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, Acl, AclError,
-                            Identity, Node, allowed, encode_acl, parse_acl, reach)
+from supervisor.manifests.dac import (ACL_XATTR_VERSION, GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, Acl,
+                                      AclError, Identity, Node, allowed, encode_acl, parse_acl, reach)
 
 ALICE, BOB, SERVER = 1000, 1001, 1879048198
 PROJ, SESSION = 2000, 1879113800
@@ -145,7 +145,7 @@ def test_acl_xattr_round_trip() -> None:
 
 def test_acl_read_from_the_kernel(tmp_path: "os.PathLike[str]") -> None:
     """What setfacl writes, the kernel keeps and parse_acl reads (tmpfs and ext4 have POSIX ACLs)."""
-    from supervisor.dac import ACCESS_XATTR, DEFAULT_XATTR, file_system
+    from supervisor.manifests.dac import ACCESS_XATTR, DEFAULT_XATTR, file_system
     d = os.path.join(tmp_path, "p")
     os.mkdir(d, 0o770)
     value = encode_acl(SHARED.entries)
@@ -174,8 +174,8 @@ def test_findings_leave_out_proc_and_what_the_server_could_redirect() -> None:
 
     import landlock
     from landlock.privileges import Credentials
-    from supervisor.dac import findings
-    from supervisor.manifest import Manifest
+    from supervisor.manifests.dac import findings
+    from supervisor.manifests.manifest import Manifest
     spec = landlock.Spec(read_write_noexec=("/home/alice/p",),
                          read_only_noexec=("/home/alice/p/sub", "/proc/self"), untrusted_trees=("/home/alice/p",))
     m = cast(Manifest, SimpleNamespace(spec=spec, credentials=Credentials(SERVER, SERVER, (SERVER,)), umask=0o077))

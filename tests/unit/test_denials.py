@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from landlock import audit
-from supervisor import denials as d
-from supervisor import denied, refusal
-from supervisor.audit import domain_logging
+from supervisor.daemon import denials as d
+from supervisor import denied
+from supervisor.manifests import refusal
+from supervisor.daemon.audit import domain_logging
 
 # Records as this kernel (6.18) wrote them (docs in shared/notes), hex forms included.
 SAMPLES = [
@@ -310,8 +311,8 @@ def test_an_open_canary_event_names_its_domain_before_its_count(w: World) -> Non
     # domain's `deallocated` record comes after them and completes them.
     import socket
 
-    from supervisor.audit_reader import Reader
-    from supervisor.loop import Loop
+    from supervisor.daemon.audit_reader import Reader
+    from supervisor.daemon.loop import Loop
     s = w.session(10)
     assert s.tally is not None and s.tally.canary is not None
     a, b = socket.socketpair()
@@ -333,7 +334,7 @@ def test_an_open_canary_event_names_its_domain_before_its_count(w: World) -> Non
     (1, True, "did not come in time"),
 ])
 def test_why_the_kernels_count_did_not_come(enabled: int | None, known: bool, expect: str) -> None:
-    from supervisor.audit import unsettled_reason
+    from supervisor.daemon.audit import unsettled_reason
     status = None if enabled is None else audit.Status._make([0] * len(audit.Status._fields))._replace(enabled=enabled)
     assert expect in unsettled_reason(status, known)
 
@@ -379,7 +380,7 @@ def _status(**fields: int) -> audit.Status:
 def test_the_mode_from_the_operator_and_the_host(monkeypatch: pytest.MonkeyPatch, requested: str | None,
                                                  status: audit.Status, mode: Any, panic: bool,
                                                  changes: dict[str, int]) -> None:
-    from supervisor import audit as supervisor_audit
+    from supervisor.daemon import audit as supervisor_audit
     made: list[dict[str, int]] = []
     monkeypatch.setattr(supervisor_audit.os, "geteuid", lambda: 0)
     monkeypatch.setattr(supervisor_audit, "in_other_netns", lambda: False)
@@ -406,7 +407,7 @@ class _Host:
 
 def test_settings_go_back_only_when_no_supervisor_relies_on_them(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Any) -> None:
-    from supervisor import audit_settings as settings
+    from supervisor.daemon import audit_settings as settings
     host = _Host(monkeypatch, enabled=0, backlog_limit=64)
     me = settings._me()
     other = {"pid": 1, "start": int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19])}
@@ -424,7 +425,7 @@ def test_settings_go_back_only_when_no_supervisor_relies_on_them(monkeypatch: py
 
 
 def test_a_holder_left_by_kill_9_is_dropped(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from supervisor import audit_settings as settings
+    from supervisor.daemon import audit_settings as settings
     host = _Host(monkeypatch, enabled=0)
     dead = {"pid": os.getpid(), "start": 1}     # its pid, since reused: another start time
     monkeypatch.setattr(settings, "_me", lambda: dead)
@@ -438,7 +439,7 @@ def test_a_holder_left_by_kill_9_is_dropped(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_the_record_is_roots_and_never_a_link(tmp_path: Any) -> None:
-    from supervisor import audit_settings as settings
+    from supervisor.daemon import audit_settings as settings
     os.symlink("/etc/passwd", tmp_path / settings.RECORD)
     with pytest.raises(OSError):
         settings.Record(str(tmp_path)).__enter__()
@@ -455,8 +456,8 @@ def test_a_flood_of_foreign_domains_with_the_longest_names_stays_within_16_mib(w
     import socket
     import tracemalloc
 
-    from supervisor.audit_reader import Reader
-    from supervisor.loop import Loop
+    from supervisor.daemon.audit_reader import Reader
+    from supervisor.daemon.loop import Loop
     a, b = socket.socketpair()
     try:
         reader = Reader(Loop(), a, w.denials)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import ids
+from supervisor.manifests import ids
 
 A, B = "/srv/a", "/srv/b"
 RANGE = (100, 105)

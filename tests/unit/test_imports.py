@@ -28,9 +28,9 @@ _OURS = ("supervisor", "landlock")
 
 _PROBE = """
 import json, sys
-import supervisor.client, supervisor.aio
+import supervisor.client, supervisor.client.aio
 supervisor.client.Client("/x")
-supervisor.aio.AsyncClient("/x")
+supervisor.client.aio.AsyncClient("/x")
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -64,7 +64,7 @@ def test_client_loads_only_the_client_side() -> None:
 
 def test_the_probe_would_see_them() -> None:
     """The same probe after importing the server, PyYAML or ctypes finds them: the test can fail."""
-    for server_side in ("supervisor.server", "supervisor.connections", "yaml", "ctypes", "landlock"):
+    for server_side in ("supervisor.daemon.server", "supervisor.daemon.connections", "yaml", "ctypes", "landlock"):
         assert server_side in _outside(_loaded(f"import {server_side}\n" + _PROBE), CLIENT_SIDE)
 
 
@@ -82,10 +82,10 @@ sys.exit(0 if status == 1 else 3)
 # nothing it could import beside the supervisor's start-up instead.
 _BEFORE_PRIVATE = """
 import sys
-from supervisor import cli, private_boot
+from supervisor import cli; from supervisor.client import private_boot
 print("[" + ", ".join('"%s"' % m for m in sorted(sys.modules)) + "]")   # (json is one of those looked for)
 """
-CLIENT_LIBRARY = ("supervisor.client", "supervisor._client_core", "supervisor.protocol", "supervisor.private",
+CLIENT_LIBRARY = ("supervisor.client", "supervisor.client.exchange", "supervisor.protocol", "supervisor.client.private",
                   "json", "typing")
 
 

@@ -1,4 +1,4 @@
-"""supervisor.interpreter: import_paths finds our modules however they were
+"""supervisor.client.interpreter: import_paths finds our modules however they were
 installed (an editable install's import hook, setuptools' default mode, maps
 a package to the checkout with no sys.path entry; PathFinder alone missed
 it, and every fresh interpreter of ours died with `no module landlock`);
@@ -11,8 +11,8 @@ from importlib.machinery import ModuleSpec
 
 import pytest
 
-from supervisor import interpreter
-from supervisor.interpreter import foreign_paths
+from supervisor.client import interpreter
+from supervisor.client.interpreter import foreign_paths
 
 
 class _HookFinder:

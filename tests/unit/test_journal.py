@@ -1,4 +1,4 @@
-"""supervisor.journal: where `run` keeps a session's denials, made and read
+"""supervisor.client.journal: where `run` keeps a session's denials, made and read
 without following a link, this uid's alone."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import journal
+from supervisor.client import journal
 
 
 def test_a_session_is_kept_and_read_back(tmp_path: Path) -> None:

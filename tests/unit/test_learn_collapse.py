@@ -180,7 +180,7 @@ def test_a_write_path_inside_an_excluded_home_is_granted_as_given() -> None:
 def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
     """names.writable: the JSON-quoted scalar parses back to exactly the path."""
     from supervisor.learn.names import q, writable
-    from supervisor.manifest_yaml import parse
+    from supervisor.manifests.document import parse
     assert writable(path) == ok
     if ok:
         assert parse("t", f"p: {q(path)}".encode()) == {"p": path}

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from supervisor import profiles
+from supervisor.manifests import profiles
 from supervisor.learn import execs
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from supervisor.loop import Loop
+from supervisor.daemon.loop import Loop
 
 
 def test_an_fd_watched_last_is_handled_after_the_others_ready_with_it() -> None:

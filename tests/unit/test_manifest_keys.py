@@ -1,6 +1,6 @@
 """Manifest keys a root supervisor's servers alone may use, and where each is
 refused: `groups:` (supplementary groups joined to share a project) and
-`warm:` (servers started ahead, supervisor/warm.py)."""
+`warm:` (servers started ahead, supervisor/daemon/warm.py)."""
 from __future__ import annotations
 
 import grp
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from manifest_text import DYNAMIC_UID, load_text as _load
-from supervisor.manifest import ManifestError
+from supervisor.manifests.manifest import ManifestError
 
 USERS = grp.getgrnam("users").gr_gid   # a group every Debian system has
 

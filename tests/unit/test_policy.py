@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 import landlock
-from supervisor import policy
+from supervisor.daemon import policy
 from supervisor.errors import Code, Refused
-from supervisor.limits import Limits
-from supervisor.manifest import Manifest
-from supervisor.peers import Peer
+from supervisor.daemon.limits import Limits
+from supervisor.manifests.manifest import Manifest
+from supervisor.daemon.peers import Peer
 
 SPEC = landlock.Spec(read_only=["/usr"], read_only_noexec=["/etc"], read_write=["/srv/data"],
                      read_write_noexec=["/var/cache/app"], connect_unix=["/run/app.sock"],

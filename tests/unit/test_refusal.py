@@ -1,10 +1,10 @@
-"""supervisor.refusal.why_not: the one table of what no proposal names
+"""supervisor.manifests.refusal.why_not: the one table of what no proposal names
 (learn's grants, the denial lines' "allow with"), as a table."""
 from __future__ import annotations
 
 import pytest
 
-from supervisor import refusal
+from supervisor.manifests import refusal
 
 KNOWN = refusal.known(
     homes=["/root", "/home/ann", "/srv/home/bob", "/var/lib/svc-home", None, "", "/"],   # passwd's, $HOME, servers'

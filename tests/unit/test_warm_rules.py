@@ -1,5 +1,5 @@
-"""Warm servers' pure parts: which requests they may serve (supervisor/warm.py), what counts as
-tampering (supervisor/tamper.py); which manifests may have them is in
+"""Warm servers' pure parts: which requests they may serve (supervisor/daemon/warm.py), what counts as
+tampering (supervisor/daemon/tamper.py); which manifests may have them is in
 tests/unit/test_manifest_keys.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import tamper, warm
+from supervisor.daemon import tamper, warm
 from manifest_text import load_text as _load
 
 INF = resource.RLIM_INFINITY
@@ -85,8 +85,8 @@ def test_warm_max_age(tmp_path: Path) -> None:
 
 def test_room() -> None:
     from supervisor.errors import Code, Refused
-    from supervisor.limits import Limits
-    from supervisor.policy import room
+    from supervisor.daemon.limits import Limits
+    from supervisor.daemon.policy import room
     limits = Limits(children=2)
     room(1, limits)
     with pytest.raises(Refused) as e:

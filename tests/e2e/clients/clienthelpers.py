@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # e2ehelpers, any import mode
 from e2ehelpers import EXAMPLES, REPO, SERVERS, seed_caches, seed_world, stop_supervisor, tail  # noqa: E402
 
-from supervisor import ids  # noqa: E402
+from supervisor.manifests import ids  # noqa: E402
 
 CLIENTS = REPO / ".clients"
 SUPERVISOR = REPO / ".venv" / "bin" / "landlock-supervisor"
