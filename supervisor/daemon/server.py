@@ -103,7 +103,7 @@ class Supervisor:
         pool_idle = config.pool_idle
         if pool_idle is None:
             pool_idle = float(os.environ.get("LANDLOCK_SUPERVISOR_POOL_IDLE", POOL_IDLE))
-        self.zygote = ZygoteProcess(self.loop.selector, self.gids, self.own.nofile_start, pool_idle)
+        self.zygote = ZygoteProcess(self.loop.selector, log, self.gids, self.own.nofile_start, pool_idle)
         self.pool_timer: Timer | None = None   # while a `pool: auto` pool is kept: its idle check
         # Every second while a connection has a deadline or a child runs.
         tick = Periodic(self.loop, 1.0, self._tick)

@@ -22,13 +22,14 @@ from enum import Enum
 
 import landlock
 
-from ..daemon.log import log
 from . import boot, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Ready, Refill, Request, Spawn
 from .pools import Demand, Gids, Pools, proc_limits
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..daemon.policy import SpawnPlan
 
 assert (boot.REQUESTS_FD, boot.EVENTS_FD) == (messages.REQUESTS_FD, messages.EVENTS_FD)
@@ -100,9 +101,10 @@ class ZygoteProcess:
     request by the supervisor, the zygote not involved (their record:
     pools.Pools, which others ask it about: owns, reaped, pooled)."""
 
-    def __init__(self, selector: selectors.BaseSelector, gids: Gids | None = None,
+    def __init__(self, selector: selectors.BaseSelector, log: Callable[[str], None], gids: Gids | None = None,
                  nofile: tuple[int, int] | None = None, pool_idle: float = 300.0) -> None:
         self.selector = selector
+        self.log = log   # the daemon's, one line an event (the zygote package imports nothing of the daemon)
         self.nofile = nofile    # the zygote's NOFILE limit, so its children's: the supervisor's before it raised it
         self.pid: int | None = None
         self.requests: socket.socket | None = None   # see messages
@@ -193,7 +195,7 @@ class ZygoteProcess:
         finally:
             os.close(err_w)
             for pid in self.pools.discarded():
-                _log_tampered(name, pid)
+                self._log_tampered(name, pid)
         if child is None:
             os.close(errpipe)
             return None
@@ -203,7 +205,7 @@ class ZygoteProcess:
     def tampered(self, name: str, pid: int, reaped: bool) -> None:
         """A pooled child of `name` said at its hand-over that its limits
         were changed while it waited, and exits: reaped as ours, not as an orphan."""
-        _log_tampered(name, pid)
+        self._log_tampered(name, pid)
         if not reaped:
             self.pools.retired.add(pid)
 
@@ -343,6 +345,6 @@ class ZygoteProcess:
         return Reaped.POOLED if self.pools.reaped(pid) else Reaped.OTHER
 
 
-def _log_tampered(name: str, pid: int) -> None:
-    log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a fresh "
-        "child serves the request")
+    def _log_tampered(self, name: str, pid: int) -> None:
+        self.log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a "
+                 "fresh child serves the request")

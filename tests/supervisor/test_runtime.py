@@ -339,7 +339,7 @@ def test_no_fd_for_the_error_pipe_forks_nothing(monkeypatch):
     is left running untracked, and the zygote is kept; the supervisor
     answers the EMFILE with spawn_failed (below)."""
     from supervisor.zygote import process
-    z = process.ZygoteProcess(selectors.DefaultSelector())
+    z = process.ZygoteProcess(selectors.DefaultSelector(), print)
     sent = []
 
     class Channel:
