@@ -173,3 +173,10 @@ def test_no_import_cycle_lazy_ones_included():
     assert _cycle(graph) == []
     back = {**graph, "supervisor.daemon.provenance": graph["supervisor.daemon.provenance"] | {ENTRY[0]}}
     assert _cycle(back) != []   # the check finds one (provenance once imported private_boot back)
+
+
+def test_the_shared_leaves_import_no_package():
+    """errors and protocol, which the client and the daemon both import: nothing of ours but each other."""
+    graph = _graph()
+    assert graph["supervisor.errors"] == set()
+    assert graph["supervisor.protocol"] <= {"supervisor.errors"}
