@@ -315,16 +315,21 @@ class Supervisor:
             raise Refused(Code.BAD_OP, f"unknown operation {op!r}")
         handler(conn, message, fds)
 
-    def _keep_warm(self) -> None:
+    def _keeps_warm(self) -> bool:
         """Warm servers only where each has a session gid of its own (a root
-        supervisor that serves: not a private one, which says so)."""
-        if self.gids is not None:
+        supervisor), and one serves more than the client of one `run` (not
+        a private one: its one spawn comes before any could start)."""
+        return self.gids is not None and self.config.control_fd is None
+
+    def _keep_warm(self) -> None:
+        if self._keeps_warm():
             self.warm.serve(self.manifests)
             return
+        why = "a private supervisor keeps none" if self.config.control_fd is not None else \
+            "this supervisor gives no session gids"
         for m in self.manifests.values():
             if m.warm:
-                log(f"{m.source}: warning: warm: {m.warm} not kept: this supervisor gives no session gids "
-                    "(a private one): every spawn is fresh")
+                log(f"{m.source}: warning: warm: {m.warm} not kept: {why}: every spawn is fresh")
 
     def _warm_launch(self, m: Manifest) -> Launch:
         """A warm server's launch: the manifest's own process, nobody's request."""
@@ -402,7 +407,10 @@ class Supervisor:
                                      "client_args": m.client_args,
                                      # What it reads from the supervisor's environment (in private mode,
                                      # run's): `run` does not call them dropped.
-                                     "uses": sorted(m.variables | set(m.inherit_env))})
+                                     "uses": sorted(m.variables | set(m.inherit_env)),
+                                     # Whether a spawn on pipes may get a server started ahead: `run`
+                                     # asks for pipes then (and passes its own fds, no relay, else).
+                                     "warm": m.warm if self._keeps_warm() else 0})
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their
