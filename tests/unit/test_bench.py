@@ -30,7 +30,7 @@ def test_counts(quick: bool, fast: bool, budget: float, want: tuple[int, float])
 def test_options_defaults_and_hidden_worker() -> None:
     a = options.parse([])
     assert (a.quick, a.json, a.pool, a.heap_mib, a.threads, a.rt, a.worker) == (False, None, 4, 1024, 4, False, None)
-    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp", "sdk"}
+    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp", "sdk", "warm"}
     a = options.parse(["--quick", "--json", "out.json", "--sections", "rss", "--pool", "0", "--nice", "-5"])
     assert (a.quick, a.json, a.sections, a.pool, a.nice) == (True, "out.json", "rss", 0, -5)
     w = options.parse(["--worker", "forkserver", "--socket", "/s", "--manifest", "true"])
