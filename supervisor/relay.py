@@ -9,9 +9,10 @@ on: our stdin's closes the child's stdin; the child's stdout's puts
 child that closed its stdin gets our fd 0 on /dev/null too, so our writer
 gets EPIPE as it would writing to the child directly. Our stdout's reader
 gone (EPIPE) is `reader_gone`: the caller ends the session as a disconnect.
-The pipes on both sides are widened to 1 MiB where this user may (a splice
-moves at most what a pipe holds: 64 KiB by default); a chunk moved is
-followed by the next without a select() in between.
+The child's pipes are widened to 1 MiB where this user may (a splice moves
+at most what a pipe holds: 64 KiB by default; our own stdio's are the
+client's, left as they are); a chunk moved is followed by the next without
+a select() in between.
 """
 from __future__ import annotations
 
@@ -122,7 +123,7 @@ class Relay:
         ends), ours from now on: relayed, and closed here."""
         for src, dst in ((0, stdin), (stdout, 1), (stderr, 2)):
             self._add(src, dst)
-        for fd in (stdin, stdout, 0, 1):
+        for fd in (stdin, stdout):
             _widen(fd)
 
     def _add(self, src: int, dst: int) -> None:
