@@ -164,7 +164,8 @@ def test_a_manifest_without_warm_servers_gets_runs_own_fds(daemon, tmp_path):
             return [c["pid"] for c in daemon.client.list()["children"] if c.get("manifest") == "fresh"]
         assert wait_until(fresh, 10)
         [server] = fresh()
-        assert os.stat(f"/proc/{server}/fd/1").st_ino == os.fstat(out.fileno()).st_ino
+        # (listed from its fork on: its stdio are put in place just before its exec)
+        assert wait_until(lambda: os.stat(f"/proc/{server}/fd/1").st_ino == os.fstat(out.fileno()).st_ino, 10)
         proc.stdin.close()
         assert proc.wait(20) == 0, proc.stderr.read()
         proc.stderr.close()
