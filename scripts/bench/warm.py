@@ -128,9 +128,24 @@ def _measure(bench: Bench, daemon: Daemon, names: list[str]) -> dict[str, Any]:
     return out
 
 
-def _pss(daemon: Daemon) -> dict[str, int]:
-    return {c["manifest"]: c["pss_kib"] for c in daemon.client.list()["children"]
-            if c.get("warm") and "pss_kib" in c}
+def _pss(daemon: Daemon) -> dict[str, dict[str, int]]:
+    """Each warm server's PSS as `list` gives it (the process the supervisor
+    started), and its whole session's (npx and uvx start the server as their child)."""
+    from supervisor import procfs
+    out = {}
+    for c in daemon.client.list()["children"]:
+        if c.get("warm") and "pss_kib" in c:
+            session = [p for p in procfs.pids() if _sid(p) == c["pid"]]
+            out[c["manifest"]] = {"list": c["pss_kib"], "session": sum(procfs.pss_kib(p) or 0 for p in session),
+                                  "processes": len(session)}
+    return out
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def _handovers(daemon: Daemon, names: list[str], runs: int, pause: float) -> dict[str, Any]:
@@ -262,7 +277,7 @@ def rows(r: dict[str, Any]) -> list[str]:
     own = sdk.get(TRIVIAL)
     out.append(f"  `run` of the trivial warm server (run's own start): {_ms(own)}")
     out.append(f"  {'server':<18}{'run -> reply':>14}{'own start + first reply + 5':>30}{'hand-over':>11}"
-               f"{'(max)':>8}{'first reply':>13}{'PSS MiB':>9}")
+               f"{'(max)':>8}{'first reply':>13}{'PSS MiB':>9}   (PSS: its session's processes)")
     for name, h in hand.items():
         if name == TRIVIAL:
             continue
@@ -270,7 +285,7 @@ def rows(r: dict[str, Any]) -> list[str]:
         verdict = "" if bound is None or name not in sdk else (" PASS" if sdk[name] <= bound else " MISS")
         out.append(f"  {name:<18}{_ms(sdk.get(name)):>14}{_ms(bound):>30}{h['handover']:>11.2f}"
                    f"{h['handover_max']:>8.2f}{h['first_reply']:>13.1f}"
-                   f"{r['pss_kib'].get(name, 0) / 1024:>9.1f}{verdict}")
+                   f"{r['pss_kib'].get(name, {}).get('session', 0) / 1024:>9.1f}{verdict}")
     rel = r["relay"]
     out.append(f"  relay, {rel['trips']} small round trips a round: direct pipes {rel['small_direct_ms']:.3f}, "
                f"through run {rel['small_run_ms']:.3f} ({rel['small_added_ms']:+.3f} ms); 5 MiB round trip: "

@@ -26,6 +26,7 @@ def test_the_benchmarks_warm_section_runs_every_example(tmp_path: Path) -> None:
     assert "error" not in warm and "skipped" not in warm, warm
     examples = sorted(p.stem for p in (REPO / "examples").glob("*.yaml"))
     assert sorted(warm["pss_kib"]) == sorted([*examples, "trivial", "cat-warm"]), warm["pss_kib"]
+    assert all(p["session"] >= p["list"] > 0 for p in warm["pss_kib"].values()), warm["pss_kib"]
     assert sorted(warm["handover"]) == sorted([*examples, "trivial"])
     assert "error" not in warm["sdk"], warm["sdk"]
     assert sorted(warm["sdk"]) == sorted([*examples, "trivial"])
