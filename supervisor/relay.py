@@ -12,7 +12,7 @@ gone (EPIPE) is `reader_gone`: the caller ends the session as a disconnect.
 The child's pipes are widened to 1 MiB where this user may (a splice moves
 at most what a pipe holds: 64 KiB by default; our own stdio's are the
 client's, left as they are); a chunk moved is followed by the next without
-a select() in between.
+a select() in between where that cannot block (never from a terminal).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import errno
 import fcntl
 import os
 import select
+import stat
 
 CHUNK = 1 << 16
 PIPE_SIZE = 1 << 20   # fs.pipe-max-size's default
@@ -30,8 +31,13 @@ _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 class Stream:
     """One direction: src to dst, until src's EOF or dst's end."""
 
-    def __init__(self, src: int, dst: int, splice: bool) -> None:
+    def __init__(self, src: int, dst: int, splice: bool, src_ours: bool) -> None:
         self.src, self.dst, self.splice = src, dst, splice
+        # Whether a move after a move cannot block: src is a non-blocking
+        # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
+        # it (a terminal or a blocking read would wait for the client).
+        self.src_ours = src_ours
+        self.again = src_ours or (splice and stat.S_ISFIFO(os.fstat(src).st_mode))
         self.pending = b""      # read, not yet written (read/write only: splice keeps nothing)
         self.blocked = False    # dst was full: wait until it is writable
         self.open = True
@@ -45,7 +51,7 @@ class Stream:
     def burst(self) -> str | None:
         """move() again while it moves (a select() a chunk halves what a
         large message goes at): until src is empty, dst full or an end."""
-        for i in range(BURST):
+        for i in range(BURST if self.again else 1):
             ended = self.move()
             if ended or self.pending:
                 return ended
@@ -68,6 +74,7 @@ class Stream:
                     if e.errno != errno.EINVAL:
                         raise
                     self.splice = False   # one end takes no splice: copy from now on
+                    self.again = self.src_ours
                     return self.move()
                 return None if moved else "eof"
             self.pending = os.read(self.src, CHUNK)
@@ -92,9 +99,9 @@ class Stream:
 
 class Relay:
     """The child's stdio: `child_fds` to pass to the spawn (ours, or a pipe
-    for each of ours that is a terminal: a child leading its own session
-    could make a terminal its controlling one and type into it), or the
-    pipes a spawn on pipes came with (take())."""
+    for each of ours that is a terminal: terminals(); a child leading its
+    own session could make a terminal its controlling one and type into
+    it), or the pipes a spawn on pipes came with (take()): one or the other."""
 
     def __init__(self) -> None:
         self.child_fds: list[int] = [0, 1, 2]
@@ -102,21 +109,19 @@ class Relay:
         self.streams: list[Stream] = []
         self.reader_gone = False
 
-    @classmethod
-    def for_terminals(cls) -> Relay:
-        relay = cls()
+    def terminals(self) -> None:
+        """child_fds: ours, each that is a terminal replaced by a pipe relayed here."""
         for fd in (0, 1, 2):
             if os.isatty(fd):
                 r, w = os.pipe2(os.O_CLOEXEC)
                 if fd == 0:
-                    relay.child_fds[0] = r
-                    relay.ours.append(r)
-                    relay._add(0, w)
+                    self.child_fds[0] = r
+                    self.ours.append(r)
+                    self._add(0, w)
                 else:
-                    relay.child_fds[fd] = w
-                    relay.ours.append(w)
-                    relay._add(r, fd)
-        return relay
+                    self.child_fds[fd] = w
+                    self.ours.append(w)
+                    self._add(r, fd)
 
     def take(self, stdin: int, stdout: int, stderr: int) -> None:
         """The child's pipes (stdin's write end, stdout's and stderr's read
@@ -129,7 +134,7 @@ class Relay:
     def _add(self, src: int, dst: int) -> None:
         ours = dst if src == 0 else src
         os.set_blocking(ours, False)   # (a pipe only we hold; never our own stdio, shared with our parent)
-        self.streams.append(Stream(src, dst, splice=dst != 2))
+        self.streams.append(Stream(src, dst, splice=dst != 2, src_ours=src != 0))
 
     def started(self) -> None:
         for fd in self.ours:

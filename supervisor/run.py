@@ -254,6 +254,7 @@ def _spawn(client: Client, args: argparse.Namespace, extra: list[str], env: dict
     described = client.describe(args.name)
     env.update(_client_env(args.name, described, args.verbose))
     if not _on_pipes(described, extra, env):
+        relay.terminals()
         stdin, stdout, stderr = relay.child_fds
         return client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
                             cwd=_cwd_for(extra))
@@ -286,7 +287,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         return fail(1, str(e))
     from .journal import Journal
     from .relay import Relay
-    relay = Relay.for_terminals()
+    relay = Relay()
     kept = Journal(os.path.abspath(args.state_root) if args.state_root else _default_state_root())
     try:
         try:

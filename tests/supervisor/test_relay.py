@@ -211,3 +211,31 @@ def test_a_warm_mcp_server_through_run_answers_the_clients_own_initialize(lab):
     assert proc.wait(30) == 0, proc.stderr.read()
     proc.stdout.close()
     proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_server_through_run_from_a_terminal_never_gets_the_terminal(daemon):
+    """run's stdio a terminal: the warm server's are its pipes (relayed),
+    the terminal none of its fds; what it writes reaches the terminal."""
+    import pty
+    import tty
+    master, slave = pty.openpty()
+    tty.setraw(slave)   # no echo, no line discipline: the bytes as written
+    [server] = _warm(daemon, "wsh")
+    proc = subprocess.Popen([*RUN, "--socket", str(daemon.socket_path), "run", "wsh"], cwd="/", env=ENV,
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    try:
+        os.write(master, b"hi\n")
+        seen = b""
+        while b"banner-after" not in seen:
+            seen += os.read(master, 4096)
+        assert b"%d hi" % server in seen, seen
+        assert all(os.readlink(f"/proc/{server}/fd/{fd}").startswith("pipe:") for fd in (0, 1, 2))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
