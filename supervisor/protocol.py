@@ -103,9 +103,9 @@ def stats(counters: dict[str, int], **now: Any) -> Event:
     return {"event": "stats", **counters, **now}
 
 
-def described(manifest: str, client_env: list[str], client_args: bool, uses: list[str]) -> Event:
+def described(manifest: str, client_env: list[str], client_args: bool, uses: list[str], warm: int) -> Event:
     return {"event": "described", "manifest": manifest, "client_env": client_env, "client_args": client_args,
-            "uses": uses}
+            "uses": uses, "warm": warm}
 
 
 def status(pid: int, exited: dict[str, Any] | None) -> Event:

@@ -1,10 +1,13 @@
 """`run NAME`: a server spawned with this process's stdio (or pipes relayed
-to a terminal), signals forwarded, its denials kept, its exit status ours."""
+to a terminal), or on pipes relayed to it where the manifest keeps warm
+servers (one may serve it); signals forwarded, its denials kept, its exit
+status ours."""
 from __future__ import annotations
 
 import argparse
 import os
 import select
+import signal
 import sys
 
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -87,7 +90,6 @@ def _catch_signals() -> int:
     """`run`'s INT, TERM and HUP, caught from the start: one that comes while
     the spawn is under way (the child may already run) is forwarded once it
     is, not fatal to us. Returns the wakeup fd's read end (a byte a signal)."""
-    import signal
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(w)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -225,18 +227,52 @@ def _tell_missing_count(name: str, child: Child) -> None:
               file=sys.stderr, flush=True)
 
 
-def _relay_until_exit(name: str, child: Child, r: int, relay: Relay, kept: Journal) -> dict[str, Any]:
-    """The stdio relayed and signals forwarded until the `exited` event, which it returns."""
+def _relay_until_exit(name: str, child: Child, r: int, relay: Relay, kept: Journal) -> dict[str, Any] | None:
+    """The stdio relayed and signals forwarded until the `exited` event,
+    which it returns; None if our stdout's reader went away first."""
     while child.exited is None:
         ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
         if r in ready:
             for number in os.read(r, 64):   # the wakeup fd: one byte a signal
                 child.signal(number, wait=False)
         relay.handle(ready, writable)
+        if relay.reader_gone:
+            return None
         if child.fileno() in ready:
             child.poll()
             _tell_denied(name, child, kept)
     return child.exited
+
+
+def _on_pipes(described: dict[str, Any], extra: list[str], env: dict[str, str]) -> bool:
+    """Ask for a session on pipes (relayed here) only where a warm server
+    may serve it: the manifest keeps some and the request carries nothing
+    of the client's (warm.unfit). Else our own fds, as ever: no copy
+    through this process (docs/performance.md, "Warm servers")."""
+    warm = described.get("warm", 0)   # (0 from a supervisor older than the field)
+    return isinstance(warm, int) and warm > 0 and not extra and not env
+
+
+def _spawn(client: Client, args: argparse.Namespace, extra: list[str], env: dict[str, str],
+           relay: Relay) -> Child:
+    """The spawn, on pipes taken into the relay or with the relay's child_fds."""
+    described = client.describe(args.name)
+    env.update(_client_env(args.name, described, args.verbose))
+    if not _on_pipes(described, extra, env):
+        relay.terminals()
+        stdin, stdout, stderr = relay.child_fds
+        return client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                            cwd=_cwd_for(extra))
+    child = client.spawn(args.name, stdio="pipes")
+    pipes = (child.stdin, child.stdout, child.stderr)
+    child.stdin = child.stdout = child.stderr = None
+    fds = []
+    for pipe in pipes:   # the relay's alone: no second holder once this returns
+        assert pipe is not None
+        fds.append(os.dup(pipe.fileno()))
+        pipe.close()
+    relay.take(*fds)
+    return child
 
 
 def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
@@ -260,10 +296,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     kept = Journal(os.path.abspath(args.state_root) if args.state_root else _default_state_root())
     try:
         try:
-            stdin, stdout, stderr = relay.child_fds
-            env.update(_client_env(args.name, client.describe(args.name), args.verbose))
-            child = client.spawn(args.name, extra, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
-                                 cwd=_cwd_for(extra))
+            child = _spawn(client, args, extra, env, relay)
         except clients.NoSuchManifest as e:
             return fail(EXIT_USAGE, str(e))
         except clients.ConfinementUnavailable as e:
@@ -280,6 +313,10 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             exited = _relay_until_exit(args.name, child, r, relay, kept)
         except (OSError, clients.SupervisorError) as e:   # (killed, say): no exit status to give
             return fail(1, f"{args.name}: lost {supervisor_of(args)} while it ran: {e}")
+        if exited is None:
+            # Our reader is gone: as if we had died of SIGPIPE, a disconnect
+            # (the supervisor ends the server as its on_disconnect says).
+            return 128 + signal.SIGPIPE
         relay.drain()
         child.settle()   # the kernel's count, and any denial told after `exited`
         _tell_denied(args.name, child, kept)
@@ -293,6 +330,6 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     finally:
         kept.close()
         relay.started()
-        relay.drain(0)
+        relay.close()
         if hasattr(client, "close"):
             client.close()

@@ -24,7 +24,11 @@ server (initialize reply) through the supervisor against unconfined; the
 same /bin/true from a manifest without a pool setting (pool: auto) and what
 an idle ready child costs in memory; the initialize round trip through the
 official MCP Python SDK (.clients/py), direct against `run` in daemon and
-private mode (issue 14). With `--sections audit` (root, never by default:
+private mode (issue 14); as root, every example server with `warm: 1`:
+`run NAME` to the initialize reply beside run's own start and the server's
+first reply on its pipes, the hand-over (spawn request -> pipe ends), the
+relay's cost per round trip against direct pipes, and each warm server's
+PSS (issue 28). With `--sections audit` (root, never by default:
 it switches the host's audit on): spawn -> `exited` through supervisors with
 `serve --audit off`, `count` and `detail` side by side (issue 24).
 
@@ -40,6 +44,7 @@ issue 5 are checked and printed as PASS/MISS for the reader.
 #   worker.py    the throughput client processes (the hidden --worker mode)
 #   mcp.py       a real MCP server's start-up, confined and not
 #   sdk.py       the SDK's initialize round trip, direct and through `run`; a ready child's memory
+#   warm.py      warm servers: `run` to the first reply, the hand-over, the relay, their memory
 #   audit_exits.py  spawn -> exited per audit mode, side by side (also scripts/bench_audit.py's)
 #   bigheap.py   the 1 GiB threaded client
 #   measure.py   percentiles, RSS and CPU readings

@@ -17,8 +17,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heap-mib", type=int, default=1024)
     p.add_argument("--threads", type=int, default=4, help="sleeping threads in the big client")
     p.add_argument("--busy-threads", type=int, default=0, help="busy-looping threads in the big client")
-    p.add_argument("--sections", default="latency,big,throughput,rss,mcp,sdk",
-                   help="comma-separated subset of latency,big,throughput,rss,mcp,sdk, and audit (root; not "
+    p.add_argument("--sections", default="latency,big,throughput,rss,mcp,sdk,warm",
+                   help="comma-separated subset of latency,big,throughput,rss,mcp,sdk,warm (root: every "
+                   "example server with warm: 1, `run` and its relay), and audit (root; not "
                    "by default: it switches the host's audit on, and the kernel keeps it 'ever enabled' until reboot)")
     p.add_argument("--pypi-venv", default=PYPI_VENV, help="a venv with the PyPI landlock package")
     p.add_argument("--servers-dir", default=str(REPO / ".servers"), help="scripts/install-servers' directory")

@@ -6,7 +6,7 @@ import shutil
 import time
 from typing import Any
 
-from . import audit_exits, mcp, sdk
+from . import audit_exits, mcp, sdk, warm
 from . import methods as m
 from .bigheap import BigHeap
 from .lab import Bench
@@ -53,6 +53,8 @@ def run(bench: Bench) -> dict[str, list[Method]]:
         res["mcp"] = mcp.phase(bench)
     if "sdk" in sections:
         res["sdk"] = sdk.phase(bench)
+    if "warm" in sections:
+        res["warm"] = warm.phase(bench)
     if "big" in sections:
         phases["big"] = big_client(bench)
     if "audit" in sections:   # last: it switches the host's audit on, which slows every process forked after

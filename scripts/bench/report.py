@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import audit_exits
+from . import audit_exits, warm
 from .measure import summarize
 from .methods import Method
 
@@ -171,7 +171,8 @@ def _targets(targets: list[dict[str, Any]]) -> list[str]:
 # The sections after the latency table: each printed when its figures exist, after a blank line.
 SECTIONS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
     ("heap_sweep", _heap_sweep), ("throughput", _throughput), ("rss", _rss), ("mcp", _mcp),
-    ("ready_child", _ready_child), ("sdk", _sdk), ("audit", audit_exits.rows), ("targets", _targets))
+    ("ready_child", _ready_child), ("sdk", _sdk), ("warm", warm.rows), ("audit", audit_exits.rows),
+    ("targets", _targets))
 
 
 def _get(lat: dict[str, Any], key: str, *path: str) -> Any:
@@ -209,6 +210,8 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         25, "{:+.1f} ms"))
     out.append(_verdict("SDK initialize, private: <= +70 ms over direct (issue 14)", sdk.get("private_added_ms"),
                         70, "{:+.1f} ms"))
+    for name, value, limit, fmt_ in warm.targets(res.get("warm")):
+        out.append(_verdict(name, value, limit, fmt_))
     for mode, ratio in audit_exits.exit_ratios(res.get("audit")).items():
         out.append(_verdict(f"--audit {mode}: spawn -> exited p50 within 10% of off (issue 24)", ratio,
                             audit_exits.EXIT_TARGET, "{:+.1%}"))

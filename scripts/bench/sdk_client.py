@@ -4,10 +4,12 @@ imported by the benchmark:
 
     .clients/py/bin/python sdk_client.py SPEC.json
 
-SPEC: {"runs": N, "timeout": S, "variants": {KEY: {"command", "args", "env"}}}.
-Each run starts every variant once, in turn (interleaved), as an MCP client
-does (stdio_client), and times from the start to initialize()'s return; the
-session is closed before the next. Prints {KEY: [ms, ...]} (or {"error"}).
+SPEC: {"runs": N, "timeout": S, "variants": {KEY: {"command", "args", "env"}},
+"pause_s": P}. Each run starts every variant once, in turn (interleaved), as
+an MCP client does (stdio_client), and times from the start to
+initialize()'s return; the session is closed before the next, P seconds
+(default 0, not timed) after it (a warm server replaced meanwhile).
+Prints {KEY: [ms, ...]} (or {"error"}).
 """
 from __future__ import annotations
 
@@ -36,9 +38,11 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {key: [] for key in spec["variants"]}
     for key, variant in spec["variants"].items():   # a warm-up each: page cache, rulesets
         await once(variant, spec["timeout"])
+        await anyio.sleep(spec.get("pause_s", 0))
     for _ in range(spec["runs"]):
         for key, variant in spec["variants"].items():
             out[key].append(await once(variant, spec["timeout"]))
+            await anyio.sleep(spec.get("pause_s", 0))
     return out
 
 

@@ -1,32 +1,140 @@
-"""`run` from a terminal: the child gets pipes, copied to and from the terminal, never the terminal itself."""
+"""`run`'s relay: its own stdio copied to and from pipes that the child holds (a warm server's, a fresh one's on pipes, or those standing in for a terminal).
+
+Stdin and stdout move with splice(2) where both ends allow it (no copy
+through this process), else read/write (splice's EINVAL: a terminal, a file
+opened O_APPEND); stderr always by read/write, byte for byte (the
+supervisor's own lines are not there: journal.py). Each end's EOF is passed
+on: our stdin's closes the child's stdin; the child's stdout's puts
+/dev/null on our fd 1, so our reader sees EOF while the child runs on; a
+child that closed its stdin gets our fd 0 on /dev/null too, so our writer
+gets EPIPE as it would writing to the child directly. Our stdout's reader
+gone (EPIPE) is `reader_gone`: the caller ends the session as a disconnect.
+The child's pipes are widened to 1 MiB where this user may (a splice moves
+at most what a pipe holds: 64 KiB by default; our own stdio's are the
+client's, left as they are); a chunk moved is followed by the next without
+a select() in between where that cannot block (never from a terminal).
+"""
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import select
+import stat
+
+CHUNK = 1 << 16
+PIPE_SIZE = 1 << 20   # fs.pipe-max-size's default
+BURST = 64   # chunks moved a stream at most before the others' turn
+_SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+
+class Stream:
+    """One direction: src to dst, until src's EOF or dst's end."""
+
+    def __init__(self, src: int, dst: int, splice: bool, src_ours: bool) -> None:
+        self.src, self.dst, self.splice = src, dst, splice
+        # Whether a move after a move cannot block: src is a non-blocking
+        # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
+        # it (a terminal or a blocking read would wait for the client).
+        self.src_ours = src_ours
+        self.again = src_ours or (splice and stat.S_ISFIFO(os.fstat(src).st_mode))
+        self.pending = b""      # read, not yet written (read/write only: splice keeps nothing)
+        self.blocked = False    # dst was full: wait until it is writable
+        self.open = True
+
+    def waits_to_read(self) -> bool:
+        return self.open and not self.blocked and not self.pending
+
+    def waits_to_write(self) -> bool:
+        return self.open and (self.blocked or bool(self.pending))
+
+    def burst(self) -> str | None:
+        """move() again while it moves (a select() a chunk halves what a
+        large message goes at): until src is empty, dst full or an end."""
+        for i in range(BURST if self.again else 1):
+            ended = self.move()
+            if ended or self.pending:
+                return ended
+            if self.blocked:   # after a chunk moved: src is empty, more likely than dst full
+                self.blocked = i == 0
+                return None
+        return None
+
+    def move(self) -> str | None:
+        """What is there, moved: None, or "eof" (src ended) or "epipe" (dst's reader is gone)."""
+        self.blocked = False
+        try:
+            if self.pending:
+                self._write()
+                return None
+            if self.splice:
+                try:
+                    moved = os.splice(self.src, self.dst, CHUNK, flags=_SPLICE)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self.splice = False   # one end takes no splice: copy from now on
+                    self.again = self.src_ours
+                    return self.move()
+                return None if moved else "eof"
+            self.pending = os.read(self.src, CHUNK)
+            if not self.pending:
+                return "eof"
+            self._write()
+            return None
+        except BlockingIOError:
+            self.blocked = True
+            return None
+        except BrokenPipeError:
+            return "epipe"
+        except OSError as e:
+            return "epipe" if e.errno == errno.EPIPE else "eof"   # (EIO: a terminal hung up)
+
+    def _write(self) -> None:
+        try:
+            self.pending = self.pending[os.write(self.dst, self.pending):]
+        except BlockingIOError:
+            pass   # the rest when dst is writable
 
 
 class Relay:
-    """`run` from a terminal: the child gets pipes, copied here to and from
-    our terminal fds, never the terminal itself (a child leading its own
-    session could make it its controlling terminal and type into it)."""
+    """The child's stdio: `child_fds` to pass to the spawn (ours, or a pipe
+    for each of ours that is a terminal: terminals(); a child leading its
+    own session could make a terminal its controlling one and type into
+    it), or the pipes a spawn on pipes came with (take()): one or the other."""
 
     def __init__(self) -> None:
         self.child_fds: list[int] = [0, 1, 2]
-        self.ours: list[int] = []          # the child's ends, closed once it has them
-        self.inbound: int | None = None    # our write end of the child's stdin
-        self.pending = b""
-        self.outbound: dict[int, int] = {}  # our read end -> our fd it goes to
-        if os.isatty(0):
-            r, w = os.pipe2(os.O_CLOEXEC)
-            os.set_blocking(w, False)
-            self.child_fds[0], self.inbound = r, w
-            self.ours.append(r)
-        for fd in (1, 2):
+        self.ours: list[int] = []            # the child's ends, closed once it has them
+        self.streams: list[Stream] = []
+        self.reader_gone = False
+
+    def terminals(self) -> None:
+        """child_fds: ours, each that is a terminal replaced by a pipe relayed here."""
+        for fd in (0, 1, 2):
             if os.isatty(fd):
                 r, w = os.pipe2(os.O_CLOEXEC)
-                self.child_fds[fd] = w
-                self.outbound[r] = fd
-                self.ours.append(w)
+                if fd == 0:
+                    self.child_fds[0] = r
+                    self.ours.append(r)
+                    self._add(0, w)
+                else:
+                    self.child_fds[fd] = w
+                    self.ours.append(w)
+                    self._add(r, fd)
+
+    def take(self, stdin: int, stdout: int, stderr: int) -> None:
+        """The child's pipes (stdin's write end, stdout's and stderr's read
+        ends), ours from now on: relayed, and closed here."""
+        for src, dst in ((0, stdin), (stdout, 1), (stderr, 2)):
+            self._add(src, dst)
+        for fd in (stdin, stdout):
+            _widen(fd)
+
+    def _add(self, src: int, dst: int) -> None:
+        ours = dst if src == 0 else src
+        os.set_blocking(ours, False)   # (a pipe only we hold; never our own stdio, shared with our parent)
+        self.streams.append(Stream(src, dst, splice=dst != 2, src_ours=src != 0))
 
     def started(self) -> None:
         for fd in self.ours:
@@ -34,63 +142,65 @@ class Relay:
         self.ours = []
 
     def readers(self) -> list[int]:
-        fds = list(self.outbound)
-        if self.inbound is not None and not self.pending:
-            fds.append(0)
-        return fds
+        return [s.src for s in self.streams if s.waits_to_read()]
 
     def writers(self) -> list[int]:
-        return [self.inbound] if self.inbound is not None and self.pending else []
+        return [s.dst for s in self.streams if s.waits_to_write()]
 
     def handle(self, readable: list[int], writable: list[int]) -> None:
-        for r in [fd for fd in readable if fd in self.outbound]:
-            try:
-                data = os.read(r, 65536)
-            except OSError:
-                data = b""
-            if data:
-                _write_all(self.outbound[r], data)
-            else:
-                os.close(r)
-                del self.outbound[r]
-        if 0 in readable and self.inbound is not None:
-            try:
-                self.pending = os.read(0, 65536)
-            except OSError:
-                self.pending = b""
-            if not self.pending:
-                self._close_inbound()  # EOF (^D): the child's stdin ends too
-        if self.inbound is not None and self.pending:  # non-blocking: what fits now
-            try:
-                self.pending = self.pending[os.write(self.inbound, self.pending):]
-            except BlockingIOError:
-                pass
-            except OSError:  # the child closed its stdin
-                self._close_inbound()
+        for s in list(self.streams):
+            if s.open and ((s.waits_to_read() and s.src in readable) or (s.waits_to_write() and s.dst in writable)):
+                ended = s.burst()
+                if ended:
+                    self._end(s, ended)
 
-    def _close_inbound(self) -> None:
-        if self.inbound is not None:
-            os.close(self.inbound)
-            self.inbound = None
-        self.pending = b""
+    def _end(self, s: Stream, how: str) -> None:
+        """A stream's end passed on (the module's doc)."""
+        s.open = False
+        self.streams.remove(s)
+        if s.src == 0:
+            os.close(s.dst)              # the child's stdin ends
+            if how == "epipe":
+                _on_devnull(0)           # the child closed it: our writer is told so
+        elif how == "epipe":
+            os.close(s.src)              # the child's next write gets EPIPE, as on our fd directly
+            if s.dst == 1:
+                self.reader_gone = True
+        else:
+            os.close(s.src)
+            if s.dst == 1:
+                _on_devnull(1)           # EOF to our reader
 
     def drain(self, timeout: float = 1.0) -> None:
         """After the child's exit: what it wrote, until EOF (or a leftover
-        holding the pipe stays quiet for `timeout`)."""
-        self._close_inbound()
-        while self.outbound:
-            ready = select.select(list(self.outbound), [], [], timeout)[0]
-            if not ready:
+        holding a pipe stays quiet for `timeout`)."""
+        for s in [s for s in self.streams if s.src == 0]:
+            self._end(s, "eof")
+        while self.streams and not self.reader_gone:
+            ready = select.select(self.readers(), self.writers(), [], timeout)
+            if not ready[0] and not ready[1]:
                 break
-            self.handle(ready, [])
-        for r in self.outbound:
-            os.close(r)
-        self.outbound = {}
+            self.handle(*ready[:2])
+        self.close()
+
+    def close(self) -> None:
+        for s in self.streams:
+            os.close(s.dst if s.src == 0 else s.src)
+        self.streams = []
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        try:
-            data = data[os.write(fd, data):]
-        except OSError:
-            return
+def _on_devnull(fd: int) -> None:
+    """Our fd replaced by /dev/null: the other end's holder sees it closed,
+    and no later open takes the number."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def _widen(fd: int) -> None:
+    """A pipe of the child's made as large as this user may: fewer wakeups
+    of this process, the child and the client for a large message."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass   # (over this user's pipe pages: its 64 KiB serve)

@@ -33,9 +33,9 @@ Served = Callable[[], tuple[Mapping[str, Manifest], Mapping[str, str]]]   # the 
 
 class Operations:
     def __init__(self, connections: Connections, children: Children, zygote: ZygoteProcess, warm: WarmServers,
-                 visibility: Visibility, stats: dict[str, int], served: Served) -> None:
+                 visibility: Visibility, stats: dict[str, int], served: Served, keeps_warm: bool) -> None:
         self.connections, self.children, self.zygote, self.warm = connections, children, zygote, warm
-        self.visibility, self.stats, self.served = visibility, stats, served
+        self.visibility, self.stats, self.served, self.keeps_warm = visibility, stats, served, keeps_warm
         self.pid = os.getpid()
 
     def handlers(self) -> dict[str, Handler]:
@@ -66,9 +66,12 @@ class Operations:
         # What a client may give it: `run` passes the client_env names it
         # has (an MCP client config's `env`), and says which it keeps.
         # What it reads from the supervisor's environment (in private mode,
-        # run's), `uses`: `run` does not call them dropped.
+        # run's), `uses`: `run` does not call them dropped. Whether a spawn on
+        # pipes may get a server started ahead, `warm`: `run` asks for pipes
+        # then (and passes its own fds, no relay, else).
         self.connections.send(conn, protocol.described(m.name, sorted(m.client_env), m.client_args,
-                                                       sorted(m.variables | set(m.inherit_env))))
+                                                       sorted(m.variables | set(m.inherit_env)),
+                                                       m.warm if self.keeps_warm else 0))
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their

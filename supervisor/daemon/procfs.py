@@ -111,7 +111,6 @@ def pss_kib(pid: int) -> int | None:
     """A process's proportional set size (smaps_rollup): what it costs, its
     shared pages divided among their holders; None when it cannot be read."""
     return _kib(f"/proc/{pid}/smaps_rollup", "Pss:")
-    return None
 
 
 def groups_of(pid: int) -> set[int]:

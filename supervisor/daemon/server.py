@@ -100,6 +100,10 @@ class Supervisor:
         self.booting: Booting | None = early[1] if early else None
         self.confinements = Confinements()
         self.gids = Gids(*config.session_gids) if config.session_gids else None
+        # Warm servers where each has a session gid of its own (a root
+        # supervisor) and one serves more than one `run`'s client (not a
+        # private supervisor: its one spawn comes before any could start).
+        self.keeps_warm = self.gids is not None and config.control_fd is None
         pool_idle = config.pool_idle
         if pool_idle is None:
             pool_idle = float(os.environ.get("LANDLOCK_SUPERVISOR_POOL_IDLE", POOL_IDLE))
@@ -122,7 +126,7 @@ class Supervisor:
         self.warm = warm.WarmServers(self.loop, self.children, self.endings, self.limits, self._warm_launch,
                                      lambda: self.zygote.pid, pool_idle)
         operations = Operations(self.connections, self.children, self.zygote, self.warm, self.visibility, self.stats,
-                                lambda: (self.manifests, self.withdrawn))
+                                lambda: (self.manifests, self.withdrawn), self.keeps_warm)
         self.handlers: dict[str, Handler] = {"spawn": self._spawn, **operations.handlers()}
         try:
             self.manifests, self.withdrawn = self._load_manifests()
@@ -274,15 +278,14 @@ class Supervisor:
         handler(conn, message, fds)
 
     def _keep_warm(self) -> None:
-        """Warm servers only where each has a session gid of its own (a root
-        supervisor that serves: not a private one, which says so)."""
-        if self.gids is not None:
+        if self.keeps_warm:
             self.warm.serve(self.manifests)
             return
+        why = "a private supervisor keeps none" if self.config.control_fd is not None else \
+            "this supervisor gives no session gids"
         for m in self.manifests.values():
             if m.warm:
-                log(f"{m.source}: warning: warm: {m.warm} not kept: this supervisor gives no session gids "
-                    "(a private one): every spawn is fresh")
+                log(f"{m.source}: warning: warm: {m.warm} not kept: {why}: every spawn is fresh")
 
     def _warm_launch(self, m: Manifest) -> Launch:
         """A warm server's launch: the manifest's own process, nobody's request."""

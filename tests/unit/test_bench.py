@@ -30,7 +30,7 @@ def test_counts(quick: bool, fast: bool, budget: float, want: tuple[int, float])
 def test_options_defaults_and_hidden_worker() -> None:
     a = options.parse([])
     assert (a.quick, a.json, a.pool, a.heap_mib, a.threads, a.rt, a.worker) == (False, None, 4, 1024, 4, False, None)
-    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp", "sdk"}
+    assert set(a.sections.split(",")) == {"latency", "big", "throughput", "rss", "mcp", "sdk", "warm"}
     a = options.parse(["--quick", "--json", "out.json", "--sections", "rss", "--pool", "0", "--nice", "-5"])
     assert (a.quick, a.json, a.sections, a.pool, a.nice) == (True, "out.json", "rss", 0, -5)
     w = options.parse(["--worker", "forkserver", "--socket", "/s", "--manifest", "true"])
@@ -165,3 +165,23 @@ def test_table_says_when_the_machine_was_busy() -> None:
     assert "full run" in text and "pool: 0)" in text
     assert "  note: the machine was busy with other work: absolute times are inflated" in text
     assert "\n\nIssue 5 targets\n  [PASS] true: fork-server p50 <= 2.5x floor (aim 2.0x)" in text
+
+
+def test_the_warm_sections_rows_and_targets() -> None:
+    from scripts.bench import warm
+    r = {"runs": 10, "discarded": 0, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
+         "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0},
+         "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "first_reply": 8.0},
+                      "git": {"handover": 0.8, "handover_max": 1.2, "first_reply": 4.0},
+                      "trivial": {"handover": 0.5, "handover_max": 0.7, "first_reply": 1.0}},
+         "relay": {"trips": 200, "small_direct_ms": 0.02, "small_run_ms": 0.05, "small_added_ms": 0.03,
+                   "big_direct_ms": 4.0, "big_run_ms": 4.2, "big_added": 0.05}}
+    lines = warm.rows(r)
+    assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0"
+    assert lines[3].split() == ["time", "40.0", "43.0", "0.60", "0.90", "8.0", "50.0", "PASS"]
+    assert lines[4].split() == ["git", "90.0", "39.0", "0.80", "1.20", "4.0", "0.0", "MISS"]
+    assert "(+0.030 ms)" in lines[5] and "(+5.0%)" in lines[5]
+    assert [(name.split(",")[0], value) for name, value, _, _ in warm.targets(r)] == [
+        ("warm: spawn request -> pipe ends", 0.8), ("warm: relay", 0.03), ("warm: relay", 0.05)]
+    assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
+    assert warm.rows({"skipped": "not root"})[1] == "  not root"

@@ -33,8 +33,8 @@ CASES = [
     (protocol.listed(["m"], []), b'{"v":1,"event":"list","manifests":["m"],"children":[]}'),
     (protocol.stats({"spawned": 1}, children=0, zygote=None),
      b'{"v":1,"event":"stats","spawned":1,"children":0,"zygote":null}'),
-    (protocol.described("m", ["A"], False, ["HOME"]),
-     b'{"v":1,"event":"described","manifest":"m","client_env":["A"],"client_args":false,"uses":["HOME"]}'),
+    (protocol.described("m", ["A"], False, ["HOME"], 0),
+     b'{"v":1,"event":"described","manifest":"m","client_env":["A"],"client_args":false,"uses":["HOME"],"warm":0}'),
     (protocol.status(7, None), b'{"v":1,"event":"status","pid":7,"running":true,"exited":null}'),
     (protocol.signalled(15), b'{"v":1,"event":"signalled","signal":15}'),
 ]
