@@ -281,8 +281,7 @@ class Supervisor:
         if self.keeps_warm:
             self.warm.serve(self.manifests)
             return
-        why = "a private supervisor keeps none" if self.config.control_fd is not None else \
-            "this supervisor gives no session gids"
+        why = "this supervisor gives no session gids" if self.gids is None else "a private supervisor keeps none"
         for m in self.manifests.values():
             if m.warm:
                 log(f"{m.source}: warning: warm: {m.warm} not kept: {why}: every spawn is fresh")

@@ -195,7 +195,7 @@ class ZygoteProcess:
         finally:
             os.close(err_w)
             for pid in self.pools.discarded():
-                self._log_tampered(name, pid)
+                self.tampered(name, pid, reaped=True)   # (retired by the pools already)
         if child is None:
             os.close(errpipe)
             return None
@@ -205,7 +205,8 @@ class ZygoteProcess:
     def tampered(self, name: str, pid: int, reaped: bool) -> None:
         """A pooled child of `name` said at its hand-over that its limits
         were changed while it waited, and exits: reaped as ours, not as an orphan."""
-        self._log_tampered(name, pid)
+        self.log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a "
+                 "fresh child serves the request")
         if not reaped:
             self.pools.retired.add(pid)
 
@@ -279,8 +280,7 @@ class ZygoteProcess:
         if not poller.poll(_REPLY_TIMEOUT * 1000):
             raise TimeoutError("the zygote did not answer")
         message, fds = messages.receive(self.requests, 4096)
-        for fd in fds:
-            os.close(fd)
+        messages.close(fds)
         if message is None:
             raise EOFError("EOF from the zygote")
         return message
@@ -297,8 +297,7 @@ class ZygoteProcess:
             message, fds = messages.receive(self.requests, 4096, socket.MSG_DONTWAIT)
         except (OSError, ValueError):
             return
-        for fd in fds:
-            os.close(fd)
+        messages.close(fds)
         if isinstance(message, Forked):
             os.kill(message.pid, signal.SIGKILL)  # ours (CLONE_PARENT), not reaped yet: its pid
             self.pools.retired.add(message.pid)
@@ -343,8 +342,3 @@ class ZygoteProcess:
             self.unreaped.discard(pid)
             return Reaped.ZYGOTE
         return Reaped.POOLED if self.pools.reaped(pid) else Reaped.OTHER
-
-
-    def _log_tampered(self, name: str, pid: int) -> None:
-        self.log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a "
-                 "fresh child serves the request")
