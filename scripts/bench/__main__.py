@@ -41,7 +41,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n({res['elapsed_s']:.0f} s)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    return 0
+    failed = smoke_failures(res) if args.quick else []
+    for line in failed:   # the smoke check CI runs: a section that broke, not a figure missed
+        print(f"bench: smoke check failed: {line}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def smoke_failures(res: dict) -> list[str]:
+    """What broke in a run (figures are never asserted): the warm section,
+    where it ran, served every example warm, through `run` and the SDK."""
+    warm = res.get("warm")
+    if not warm or "skipped" in warm:
+        return []
+    if "error" in warm:
+        return [f"warm: {warm['error']}"]
+    examples = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+    out = []
+    if sorted(warm.get("handover", ())) != sorted([*examples, "trivial"]):
+        out.append(f"warm: handed over {sorted(warm.get('handover', ()))}, not every example")
+    sdk = warm.get("sdk", {})
+    if "error" in sdk or sorted(sdk) != sorted([*examples, "trivial"]):
+        out.append(f"warm: the SDK sessions: {str(sdk)[:500]}")
+    if warm.get("discarded"):
+        out.append(f"warm: {warm['discarded']} warm server(s) discarded")
+    pss = warm.get("pss_kib", {})
+    if not all(p["session"] >= p["list"] > 0 for p in pss.values()):
+        out.append(f"warm: PSS unread: {pss}")
+    return out
 
 
 if __name__ == "__main__":
