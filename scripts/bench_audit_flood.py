@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts.bench.measure import log, rss_kib, summarize  # noqa: E402
+from scripts.bench.measure import answering, log, rss_kib, summarize  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 FIRST_UID = 64190
@@ -113,12 +113,7 @@ def main() -> int:
     flooders: list[subprocess.Popen[bytes]] = []
     try:
         client = Client(str(sock))
-        for _ in range(500):
-            try:
-                client.ping()
-                break
-            except OSError:
-                time.sleep(0.02)
+        answering(client, base / "sv.log")
         _spawns(client, time.monotonic() + 1.0)   # warm: the zygote, the confinement cache
         idle = rss_kib(sv.pid)
         baseline = _spawns(client, time.monotonic() + args.seconds)

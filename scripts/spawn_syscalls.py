@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from scripts.bench.measure import answering  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 MANIFEST = "name: 'true'\nallow_root: true\ncommand: /bin/true\npool: 0\nsandbox: {profiles: [system]}\n"
@@ -82,14 +83,7 @@ def supervisor_counts(audit: str, spawns: int, base: Path) -> dict[str, object]:
                             stderr=open(base / "log", "wb"))
     try:
         client = Client(str(sock))
-        for _ in range(500):
-            try:
-                client.ping()
-                break
-            except OSError:
-                time.sleep(0.02)
-        else:
-            raise SystemExit(f"the supervisor did not start: {(base / 'log').read_text()}")
+        answering(client, base / "log")
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
 
         def spawn_all(n: int) -> None:

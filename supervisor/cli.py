@@ -8,7 +8,7 @@ import sys
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 from . import run, serve
-from .failure import fail, supervisor_of, warn
+from .failure import talking, warn
 
 # The rest is imported where used: a private supervisor is forked right
 # after the arguments are parsed, and `run` imports its client beside it.
@@ -141,16 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from .client import sync as clients
-    from .client.paths import SocketPathError
-    from .protocol import ProtocolError
     try:
         reply = getattr(clients.Client(args.socket), args.command)()
-    except SocketPathError as e:
-        return fail(EXIT_USAGE, str(e))
-    except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
-        return fail(1, f"{supervisor_of(args)} sent {e}")   # ("a malformed reply: what")
     except (OSError, TimeoutError, clients.SupervisorError) as e:
-        return fail(1, str(e))
+        return talking(args, e)
     print(json.dumps(reply, indent=2, sort_keys=True))
     return 0
 

@@ -25,3 +25,18 @@ def supervisor_of(args: argparse.Namespace) -> str:
         return "the private supervisor"
     from .client.paths import default_socket_path
     return f"the supervisor at {args.socket or default_socket_path()}"
+
+
+def talking(args: argparse.Namespace, e: Exception) -> int:
+    """The one line for a client command that failed talking to its
+    supervisor: a socket path that cannot be used is usage; a reply that is
+    no supervisor's names who sent it ("a malformed reply: what")."""
+    from landlock.exits import EXIT_USAGE
+
+    from .client.paths import SocketPathError
+    from .protocol import ProtocolError
+    if isinstance(e, SocketPathError):
+        return fail(EXIT_USAGE, str(e))
+    if isinstance(e, ProtocolError):   # (a peer that is no supervisor, or one of another version)
+        return fail(1, f"{supervisor_of(args)} sent {e}")
+    return fail(1, str(e))

@@ -12,7 +12,7 @@ import sys
 
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
-from .failure import fail, supervisor_of, warn
+from .failure import fail, supervisor_of, talking, warn
 from .serve import ROOT_HELP
 
 # The rest is imported where used: a private supervisor is forked first.
@@ -60,17 +60,11 @@ def main(args: argparse.Namespace) -> int:
         except OSError as e:
             return fail(1, f"cannot start a private supervisor: {e}")
     wakeup = _catch_signals()
-    from .client import sync as clients
-    from .client.paths import SocketPathError
-    from .protocol import ProtocolError
+    from .errors import SupervisorError
     try:
         return _run(args, wakeup, private)
-    except SocketPathError as e:
-        return fail(EXIT_USAGE, str(e))
-    except ProtocolError as e:   # (a peer that is no supervisor, or one of another version)
-        return fail(1, f"{supervisor_of(args)} sent {e}")   # ("a malformed reply: what")
-    except (OSError, TimeoutError, clients.SupervisorError) as e:
-        return fail(1, str(e))
+    except (OSError, TimeoutError, SupervisorError) as e:
+        return talking(args, e)
 
 
 def _warn_foreign_imports() -> None:

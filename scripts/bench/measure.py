@@ -76,3 +76,14 @@ def _python_children(pid: int) -> list[str]:
         except OSError:
             continue
     return out
+
+
+def answering(client: Any, log_path: Any, tries: int = 500) -> None:
+    """Once the supervisor behind `client` answers a ping (its log shown if it never does)."""
+    for _ in range(tries):
+        try:
+            client.ping()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit(f"the supervisor did not start: {open(log_path).read()[-3000:]}")
