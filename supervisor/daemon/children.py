@@ -203,7 +203,7 @@ class Children:
         """A pooled child whose limits were changed while it waited (it
         said so and exits): the request goes to a fresh child, the client
         none the wiser."""
-        self.zygote.tampered(session.manifest.name, session.pid, reaped=session.exited is not None)
+        self.zygote.tampered(session.manifest.name, session.pid, retire=session.exited is None)
         pipes, session.pipes = session.pipes, None
         self.endings.forget(session)
         conn = session.conn

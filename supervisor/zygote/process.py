@@ -195,19 +195,19 @@ class ZygoteProcess:
         finally:
             os.close(err_w)
             for pid in self.pools.discarded():
-                self.tampered(name, pid, reaped=True)   # (retired by the pools already)
+                self.tampered(name, pid, retire=False)   # (the pools sent it away already)
         if child is None:
             os.close(errpipe)
             return None
         self._refill(name, generation, launch.session_gid)
         return child.pid, errpipe, child.gid, child.canary
 
-    def tampered(self, name: str, pid: int, reaped: bool) -> None:
-        """A pooled child of `name` said at its hand-over that its limits
-        were changed while it waited, and exits: reaped as ours, not as an orphan."""
+    def tampered(self, name: str, pid: int, retire: bool) -> None:
+        """A pooled child of `name` found with its limits changed while it waited (by the pools, or by
+        itself at hand-over: it exits, retired unless reaped already, so reaped as ours, not an orphan)."""
         self.log(f"{name}: pooled child {pid} had its resource limits changed while it waited: discarded, a "
                  "fresh child serves the request")
-        if not reaped:
+        if retire:
             self.pools.retired.add(pid)
 
     def pooled(self) -> dict[str, int]:
