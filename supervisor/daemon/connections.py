@@ -44,7 +44,7 @@ class Connections:
         self.pid = os.getpid()
         self.open: dict[int, Connection] = {}       # by fd
         self.of_uid: dict[int, int] = {}            # uid -> its open connections
-        self.not_descendants: dict[tuple[int, str], bool] = {}  # (pid, starttime) of peers checked
+        self.not_descendants: dict[tuple[int, int], bool] = {}  # peers.process_key of peers checked
         self.listener: socket.socket | None = None
         self.accept_paused = False       # out of fds: the listener is not watched for a moment
 
@@ -64,6 +64,8 @@ class Connections:
             self.listener = None
 
     def _accept(self) -> None:
+        """One connection a turn: another waiting keeps the listener readable
+        (no accept() that fails to find one on every spawn's path)."""
         while self.listener is not None:
             try:
                 sock, _ = self.listener.accept()
@@ -90,6 +92,7 @@ class Connections:
                 sock.close()
                 continue
             self.add(sock, peer)
+            return
 
     def _pause_accepts(self, seconds: float = 0.1) -> None:
         if self.listener is None or self.accept_paused:
@@ -125,19 +128,20 @@ class Connections:
             if highest_fd >= fd_limit - reserve:
                 return Refused(Code.TOO_MANY_CONNECTIONS, f"the supervisor is near its limit of {fd_limit} file "
                                f"descriptors; the last {reserve} are kept for its owner")
-        if self._descends(peer.pid) or not peer.alive():
+        if self._descends(peer) or not peer.alive():
             return Refused(Code.REFUSED_PEER, "a process started by this supervisor may not ask it for spawns")
         return None
 
-    def _descends(self, pid: int) -> bool:
+    def _descends(self, peer: peers.Peer) -> bool:
         """peers.descends_from, remembered for the processes found not to
         descend: one that is not our descendant never becomes one (it can only
-        be reparented to an ancestor of its own), and (pid, starttime) names
-        it for good. A proxy reconnecting for every spawn costs one read of
-        /proc/PID/stat, not a walk up to init."""
+        be reparented to an ancestor of its own), and peers.process_key names
+        it for good. A proxy reconnecting for every spawn
+        costs one fstat of its pidfd, not a walk up to init."""
+        pid = peer.pid
         try:
-            key = (pid, procfs.stat_fields(pid)[19])
-        except (OSError, IndexError):
+            key = peers.process_key(peer)
+        except (OSError, IndexError, ValueError):
             return peers.descends_from(pid, self.pid)
         if key in self.not_descendants:
             return False

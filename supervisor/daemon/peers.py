@@ -41,11 +41,39 @@ class Peer:
 def credentials(sock: socket.socket) -> Peer:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     try:
+        # (close-on-exec already: the kernel makes every pidfd so; tests/unit/test_peers.py)
         pidfd = struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
-        os.set_inheritable(pidfd, False)
     except OSError:
         pidfd = -1
     return Peer(pid, uid, gid, pidfd)
+
+
+def process_key(peer: Peer) -> tuple[int, int]:
+    """Names the peer's process for good, as no pid does: its pidfd's inode
+    where pidfs numbers them uniquely (Linux >= 6.9; one fstat), else its
+    pid and start time (a read of /proc/PID/stat). Raises OSError."""
+    if peer.pidfd >= 0 and _pidfs_unique():
+        return -1, os.fstat(peer.pidfd).st_ino
+    return peer.pid, int(stat_fields(peer.pid)[19])
+
+
+_unique: list[bool] = []
+
+
+def _pidfs_unique() -> bool:
+    """Whether two processes' pidfds have different inodes (pidfs), found once
+    (before pidfs, every pidfd is the one anonymous inode)."""
+    if not _unique:
+        fds = []
+        try:
+            fds = [os.pidfd_open(os.getpid()), os.pidfd_open(os.getppid())]
+            _unique.append(os.fstat(fds[0]).st_ino != os.fstat(fds[1]).st_ino)
+        except OSError:
+            _unique.append(False)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return _unique[0]
 
 
 def descends_from(pid: int, ancestor: int) -> bool:

@@ -14,9 +14,13 @@ def stat_fields(pid: int | str) -> list[str]:
     sid [3], starttime [19]); raises OSError for a process that is gone."""
     fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # 3 syscalls, not open()'s 9
     try:
-        data = os.read(fd, 4096)
+        return parse_stat(os.read(fd, 4096))
     finally:
         os.close(fd)
+
+
+def parse_stat(data: bytes) -> list[str]:
+    """/proc/PID/stat's text as stat_fields gives it (comm may hold anything: cut at its last ")")."""
     return data[data.rindex(b")") + 2:].decode().split()
 
 

@@ -304,17 +304,17 @@ class Supervisor:
         self.warm.asked_for(m)
         why = warm.unfit(m, request, pipes)
         # A warm server handed over adds no child: at the limit, one ready may still serve.
-        spare = why is None and bool(self.warm.pids().get(m.name))
+        spare = why is None and self.warm.ready(m.name)
         counts = policy.Counts(len(self.children) - spare, self.children.count_of(conn.peer.uid))
         plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
         launch = Launch(plan, self.confinements.get(plan.spec))
-        self.own.check()
         if why is None:
             server, why = self.warm.take(m, launch)
             if server is not None:
                 self.children.hand_over(conn, server.session, server.pipes)
                 return
             policy.room(len(self.children), self.limits)   # a fresh child instead: it must fit
+        self.own.check()   # (a fresh spawn takes fds of ours, a hand-over none)
         client = None
         if pipes:
             fds, client = warm.pipes()

@@ -1,8 +1,8 @@
 """Whether a process that waited is still as it was forked: its state, its limits and its scheduling, what another process of its uid could have changed meanwhile (a warm server before its hand-over).
 
 Pure where it can be (`as_forked`, `limits_tampered`, `parse_limits`:
-tests/unit/test_warm_rules.py); `tampered` looks at a live process, and
-any failure to look is a reason.
+tests/unit/test_warm_rules.py); `Forked.tampered` looks at a live process,
+and any failure to look is a reason.
 """
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from ..zygote.pools import proc_limits
 
 _SCHED_RESET_ON_FORK = 0x40000000
 _KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
+# procfs.parse_stat's indexes of nice and policy (proc_pid_stat(5)'s fields 19
+# and 41; the policy without SCHED_RESET_ON_FORK, which a fork clears)
+_NICE, _POLICY = 16, 38
 
 
 @dataclass(frozen=True)
@@ -81,17 +84,39 @@ def limits_of(pid: int) -> dict[int, tuple[int, int]]:
     return parse_limits(text)
 
 
-def tampered(pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> str | None:
-    """Why the server pid is not as it was forked, or None; any failure to
-    look is a reason."""
-    state = procfs.state(pid)
-    if state in (None, "T", "t", "Z", "X"):
-        return f"it is in state {state or 'gone'} (stopped, traced or dead)"
-    try:
-        why = limits_tampered(limits_of(pid), limits)
-        now = scheduling_of(pid)
-    except (OSError, IndexError, ValueError) as e:
-        return f"it cannot be looked at: {e}"
-    if why is None and now != scheduling:
-        why = f"its scheduling is {now}, not {scheduling} as forked"
-    return why
+class Forked:
+    """A waiting process and what it was forked with. Its /proc/PID/stat and
+    limits are opened once, at its fork, and read again (pread) when asked:
+    a hand-over waits for tampered() and walks no path; the files stay that
+    process's, whatever takes its pid later (a read then fails: ESRCH)."""
+
+    def __init__(self, pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> None:
+        self.pid, self.limits, self.scheduling = pid, limits, scheduling
+        self.fds: list[int] = []
+        for name in ("stat", "limits"):
+            self.fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def tampered(self) -> str | None:
+        """Why it is not as it was forked, or None; any failure to look is
+        a reason. Its state, nice and policy from /proc/PID/stat."""
+        try:
+            fields = procfs.parse_stat(os.pread(self.fds[0], 4096, 0))
+        except (OSError, IndexError, ValueError):
+            fields = []
+        state = fields[0] if fields else None
+        if state in (None, "T", "t", "Z", "X"):
+            return f"it is in state {state or 'gone'} (stopped, traced or dead)"
+        try:
+            why = limits_tampered(parse_limits(os.pread(self.fds[1], 8192, 0)), self.limits)
+            now = Scheduling(int(fields[_POLICY]), int(fields[_NICE]), frozenset(os.sched_getaffinity(self.pid)),
+                             enter.io_priority_of(self.pid))
+        except (OSError, IndexError, ValueError) as e:
+            return f"it cannot be looked at: {e}"
+        if why is None and now != self.scheduling:
+            why = f"its scheduling is {now}, not {self.scheduling} as forked"
+        return why

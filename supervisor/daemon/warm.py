@@ -14,7 +14,7 @@ off the request's path.
 
 Never handed out: a server that exited, wrote to its stdout (it answered
 nobody: it is not the process a fresh spawn would be), was stopped, or
-whose limits or scheduling are not as forked (`tamper.tampered`); one older than
+whose limits or scheduling are not as forked (`tamper.Forked`); one older than
 warm_max_age; one of a manifest since reloaded (all retired at each
 reload). What it wrote to stderr stays in its pipe (bounded by the pipe's
 size: a server that writes more waits) and is the client's to read, as a
@@ -27,7 +27,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import protocol
 from .children import Children
@@ -38,7 +38,7 @@ from .log import log
 from .loop import Loop, Timer
 from ..manifests.manifest import Manifest
 from .session import Session
-from .tamper import Scheduling, as_forked, limits_of, scheduling_of, tampered
+from .tamper import Forked, as_forked, limits_of, scheduling_of
 from ..zygote.process import Launch
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
@@ -93,8 +93,7 @@ class Warm:
     ready: bool = False
     gone: bool = False        # handed over or discarded: none of its callbacks may act again
     timer: Timer | None = None
-    limits: dict[int, tuple[int, int]] = field(default_factory=dict)
-    scheduling: Scheduling | None = None
+    forked: Forked | None = None   # what it was forked with, its /proc files open
 
 
 class WarmServers:
@@ -161,6 +160,9 @@ class WarmServers:
     def pids(self) -> dict[str, list[int]]:
         return {name: [w.session.pid for w in servers if w.ready] for name, servers in self.servers.items() if servers}
 
+    def ready(self, name: str) -> bool:
+        return any(w.ready for w in self.servers.get(name, ()))
+
     # ---- hand-over ---------------------------------------------------------
 
     def take(self, m: Manifest, launch: Launch) -> tuple[Warm | None, str]:
@@ -188,8 +190,8 @@ class WarmServers:
             return "it is not what a fresh spawn of its manifest would be now"
         if warm.session.exited is not None or _readable(warm.pipes[1]):
             return "it exited or wrote to its stdout before hand-over"
-        assert warm.scheduling is not None
-        return tampered(warm.session.pid, warm.limits, warm.scheduling)
+        assert warm.forked is not None
+        return warm.forked.tampered()
 
     # ---- starting, ending ----------------------------------------------------
 
@@ -225,14 +227,14 @@ class WarmServers:
         warm.timer = self.loop.at(m.warm_max_age, lambda: self._discard(
             warm, f"it was not used within warm_max_age ({m.warm_max_age} s)", failed=False))
         try:
-            warm.scheduling, warm.limits = self._as_forked(launch)   # the zygote runs now
+            warm.forked = self._as_forked(session.pid, launch)   # the zygote runs now
         except OSError as e:
             self._discard(warm, f"what it was forked with cannot be known: {e}")
         return True
 
-    def _as_forked(self, launch: Launch) -> tuple[Scheduling, dict[int, tuple[int, int]]]:
-        """What a child of the zygote gets: its scheduling (reset on fork)
-        and limits, the manifest's rlimits over them."""
+    def _as_forked(self, pid: int, launch: Launch) -> Forked:
+        """pid, a child of the zygote, and what it gets: its scheduling
+        (reset on fork) and limits, the manifest's rlimits over them."""
         zygote = self.zygote_pid()
         if zygote is None:
             raise OSError(0, "the zygote is not running")
@@ -240,7 +242,7 @@ class WarmServers:
         scheduling = as_forked(scheduling.policy, scheduling.nice, scheduling.affinity, scheduling.ioprio)
         limits = limits_of(zygote)
         limits.update({res: (soft, hard) for res, soft, hard in launch.confinement.entry.rlimits})
-        return scheduling, limits
+        return Forked(pid, limits, scheduling)
 
     def _held(self, session: Session) -> None:
         """Children says: a held session exec'd, failed, or ended."""
@@ -280,6 +282,8 @@ class WarmServers:
         self.loop.unwatch(warm.pipes[1])
         if warm.timer is not None:
             warm.timer.cancel()
+        if warm.forked is not None:
+            warm.forked.close()
 
     def retire_all(self, why: str) -> None:
         for name in list(self.servers):
