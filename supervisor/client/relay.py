@@ -9,10 +9,15 @@ on: our stdin's closes the child's stdin; the child's stdout's puts
 child that closed its stdin gets our fd 0 on /dev/null too, so our writer
 gets EPIPE as it would writing to the child directly. Our stdout's reader
 gone (EPIPE) is `reader_gone`: the caller ends the session as a disconnect.
-The child's pipes are widened to 1 MiB where this user may (a splice moves
-at most what a pipe holds: 64 KiB by default; our own stdio's are the
-client's, left as they are); a chunk moved is followed by the next without
-a select() in between where that cannot block (never from a terminal).
+A splice moves at most what a pipe holds (64 KiB by default), and every
+move wakes a process: the child's pipes are widened to 1 MiB and our own
+stdin and stdout, where they are pipes, to 256 KiB (the client's: they
+count against its uid's pipe pages, so a quarter; never shrunk), where
+this user may. With the client's left at 64 KiB a 5 MiB round trip
+through the relay took +19-35%; with them widened, no more than direct
+pipes (docs/performance.md). A chunk moved is followed by the next
+without a select() in between where that cannot block (never from a
+terminal), and not after a short one (the next would find src empty).
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ import select
 import stat
 
 CHUNK = 1 << 16
-PIPE_SIZE = 1 << 20   # fs.pipe-max-size's default
+PIPE_SIZE = 1 << 20   # the child's pipes (fs.pipe-max-size's default)
+OUR_PIPE_SIZE = 1 << 18   # ours, the client's: a quarter of that (they count against its uid's pipe pages)
 BURST = 64   # chunks moved a stream at most before the others' turn
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
@@ -40,6 +46,7 @@ class Stream:
         self.again = src_ours or (splice and stat.S_ISFIFO(os.fstat(src).st_mode))
         self.pending = b""      # read, not yet written (read/write only: splice keeps nothing)
         self.blocked = False    # dst was full: wait until it is writable
+        self.short = False      # the last move took less than a chunk: src is empty (or dst full)
         self.open = True
 
     def waits_to_read(self) -> bool:
@@ -57,6 +64,8 @@ class Stream:
                 return ended
             if self.blocked:   # after a chunk moved: src is empty, more likely than dst full
                 self.blocked = i == 0
+                return None
+            if self.short:     # another try would find src empty: no EAGAIN raised a chunk
                 return None
         return None
 
@@ -76,10 +85,12 @@ class Stream:
                     self.splice = False   # one end takes no splice: copy from now on
                     self.again = self.src_ours
                     return self.move()
+                self.short = moved < CHUNK
                 return None if moved else "eof"
             self.pending = os.read(self.src, CHUNK)
             if not self.pending:
                 return "eof"
+            self.short = len(self.pending) < CHUNK
             self._write()
             return None
         except BlockingIOError:
@@ -129,7 +140,9 @@ class Relay:
         for src, dst in ((0, stdin), (stdout, 1), (stderr, 2)):
             self._add(src, dst)
         for fd in (stdin, stdout):
-            _widen(fd)
+            _widen(fd, PIPE_SIZE)
+        for fd in (0, 1):
+            _widen(fd, OUR_PIPE_SIZE)
 
     def _add(self, src: int, dst: int) -> None:
         ours = dst if src == 0 else src
@@ -197,10 +210,13 @@ def _on_devnull(fd: int) -> None:
     os.close(null)
 
 
-def _widen(fd: int) -> None:
-    """A pipe of the child's made as large as this user may: fewer wakeups
-    of this process, the child and the client for a large message."""
+def _widen(fd: int, size: int) -> None:
+    """A pipe made at least `size` where this user may: fewer wakeups of
+    this process, the child and the client for a large message. Never
+    shrunk (the client may have widened its own further); not a pipe, or
+    over this user's pipe pages: left as it is."""
     try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < size:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
     except OSError:
-        pass   # (over this user's pipe pages: its 64 KiB serve)
+        pass
