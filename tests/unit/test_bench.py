@@ -171,17 +171,17 @@ def test_the_warm_sections_rows_and_targets() -> None:
     from scripts.bench import warm
     r = {"runs": 10, "discarded": 0, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
          "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0},
-         "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "first_reply": 8.0},
-                      "git": {"handover": 0.8, "handover_max": 1.2, "first_reply": 4.0},
-                      "trivial": {"handover": 0.5, "handover_max": 0.7, "first_reply": 1.0}},
+         "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "call": 0.7, "first_reply": 8.0},
+                      "git": {"handover": 0.8, "handover_max": 1.2, "call": 0.9, "first_reply": 4.0},
+                      "trivial": {"handover": 0.5, "handover_max": 0.7, "call": 0.6, "first_reply": 1.0}},
          "relay": {"trips": 200, "small_direct_ms": 0.02, "small_run_ms": 0.05, "small_added_ms": 0.03,
                    "big_direct_ms": 4.0, "big_run_ms": 4.2, "big_added": 0.05}}
     lines = warm.rows(r)
     assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0"
-    assert lines[3].split() == ["time", "40.0", "43.0", "0.60", "0.90", "8.0", "50.0", "PASS"]
-    assert lines[4].split() == ["git", "90.0", "39.0", "0.80", "1.20", "4.0", "0.0", "MISS"]
+    assert lines[3].split() == ["time", "40.0", "43.0", "0.60", "0.90", "0.70", "8.0", "50.0", "PASS"]
+    assert lines[4].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
     assert "(+0.030 ms)" in lines[5] and "(+5.0%)" in lines[5]
     assert [(name.split(",")[0], value) for name, value, _, _ in warm.targets(r)] == [
-        ("warm: spawn request -> pipe ends", 0.8), ("warm: relay", 0.03), ("warm: relay", 0.05)]
+        ("warm: spawn request (connect) -> pipe ends", 0.8), ("warm: relay", 0.03), ("warm: relay", 0.05)]
     assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
     assert warm.rows({"skipped": "not root"})[1] == "  not root"
