@@ -131,23 +131,11 @@ def _measure(bench: Bench, daemon: Daemon, names: list[str]) -> dict[str, Any]:
 
 
 def _pss(daemon: Daemon) -> dict[str, dict[str, int]]:
-    """Each warm server's PSS as `list` gives it (the process the supervisor
-    started), and its whole session's (npx and uvx start the server as their child)."""
-    from supervisor.daemon import procfs
-    out = {}
-    for c in daemon.client.list()["children"]:
-        if c.get("warm") and "pss_kib" in c:
-            session = [p for p in procfs.pids() if _sid(p) == c["pid"]]
-            out[c["manifest"]] = {"list": c["pss_kib"], "session": sum(procfs.pss_kib(p) or 0 for p in session),
-                                  "processes": len(session)}
-    return out
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
+    """Each warm server's PSS as `list` gives it: the process the supervisor
+    started, and its whole session's (npx and uvx start the server as their child)."""
+    return {c["manifest"]: {"list": c["pss_kib"], "session": c["session_pss_kib"],
+                            "processes": c["session_processes"]}
+            for c in daemon.client.list()["children"] if c.get("warm") and "pss_kib" in c}
 
 
 def _handovers(daemon: Daemon, names: list[str], runs: int, pause: float) -> dict[str, Any]:

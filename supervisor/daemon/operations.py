@@ -48,12 +48,21 @@ class Operations:
     def _list(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         # Other uids' sessions (pids, uids, clients) are the owner's to see.
         everyone = conn.peer.uid == os.geteuid()
+        sessions = [s for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]
+        table = list(procfs.stats()) if any(s.held for s in sessions) else []
         self.connections.send(conn, protocol.listed(sorted(self.served()[0]), [
             {"pid": s.pid, "manifest": s.manifest.name, "peer_uid": s.uid,
              "peer_pid": s.conn.peer.pid if s.conn else None, "running": s.exited is None, "warm": s.held,
-             # What a warm server costs while it waits (docs/manifests.md).
-             **({"pss_kib": procfs.pss_kib(s.pid)} if s.held else {})}
-            for s in self.children.sessions.values() if everyone or s.uid == conn.peer.uid]))
+             **(self._cost(s.pid, table) if s.held else {})}
+            for s in sessions]))
+
+    @staticmethod
+    def _cost(pid: int, table: list[tuple[int, list[str]]]) -> dict[str, Any]:
+        """What a warm server costs while it waits (docs/manifests.md): its
+        process's PSS, and its session's (npx and uvx start the server as
+        their child)."""
+        session, processes = procfs.session_pss_kib(pid, table)
+        return {"pss_kib": procfs.pss_kib(pid), "session_pss_kib": session, "session_processes": processes}
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, protocol.stats(

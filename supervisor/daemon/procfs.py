@@ -117,6 +117,13 @@ def pss_kib(pid: int) -> int | None:
     return _kib(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
+def session_pss_kib(sid: int, table: Iterable[tuple[int, list[str]]]) -> tuple[int, int]:
+    """The PSS of session sid's processes summed (those that could be read),
+    and how many there are, among (pid, stat fields) pairs."""
+    members = session_members(sid, table)
+    return sum(pss_kib(pid) or 0 for pid in members), len(members)
+
+
 def groups_of(pid: int) -> set[int]:
     """Its supplementary groups; none when it cannot be read."""
     try:

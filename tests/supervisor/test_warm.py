@@ -429,3 +429,20 @@ def test_warm_servers_count_against_the_children_limit(lab):
     assert child.warm and sv.client.stats()["children"] == 2
     child.kill()
     child.close()
+
+
+@pytest.mark.timeout(60)
+def test_list_gives_a_warm_servers_whole_sessions_memory(lab):
+    """npx and uvx start the server as their child: `list` sums the
+    session's processes (session_pss_kib), beside the first one's pss_kib."""
+    lab.manifest("wtwo", command="/bin/sh", args=["-c", "sleep 300 & read line"], warm=1, user=65534,
+                 sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
+    sv = lab.start()
+    assert wait_until(lambda: _warm(sv, "wtwo"), 10), sv.log()
+    [pid] = _warm(sv, "wtwo")
+
+    def spare():
+        return {c["pid"]: c for c in sv.client.list()["children"]}[pid]
+    assert wait_until(lambda: spare()["session_processes"] == 2, 10), spare()
+    got = spare()
+    assert 0 < got["pss_kib"] < got["session_pss_kib"], got
