@@ -124,6 +124,10 @@ def _measure(bench: Bench, daemon: Daemon, names: list[str]) -> dict[str, Any]:
     log(f"warm: `run NAME` to the initialize reply through the SDK, {runs} interleaved rounds")
     out["sdk"] = _sdk(bench, daemon, names, runs)
     log(f"warm: the relay against a fresh spawn's direct pipes, {runs} interleaved rounds")
+    # (The SDK's last sessions' replacements start meanwhile, a second of CPU
+    # each for npx and uvx ones: a third process on 2 cores pays for that more.)
+    daemon.ready(daemon.all, 120)
+    time.sleep(PAUSE_S[bench.args.quick])
     out["relay"] = _relay(daemon, runs, 50 if bench.args.quick else 200)
     # Warm servers that failed or were found changed (0: every hand-over was of a sound one).
     out["discarded"] = daemon.log.read_text().count("discarded:")
