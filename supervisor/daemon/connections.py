@@ -65,7 +65,10 @@ class Connections:
 
     def _accept(self) -> None:
         """One connection a turn: another waiting keeps the listener readable
-        (no accept() that fails to find one on every spawn's path)."""
+        (no accept() that fails to find one on every spawn's path). Its
+        request is read at once: a client sends it with its connect, and
+        waking for the connection took longer than that (no turn of the
+        loop between)."""
         while self.listener is not None:
             try:
                 sock, _ = self.listener.accept()
@@ -91,7 +94,7 @@ class Connections:
                 peer.close()
                 sock.close()
                 continue
-            self.add(sock, peer)
+            self._on_readable(self.add(sock, peer))
             return
 
     def _pause_accepts(self, seconds: float = 0.1) -> None:
