@@ -65,10 +65,7 @@ class Connections:
 
     def _accept(self) -> None:
         """One connection a turn: another waiting keeps the listener readable
-        (no accept() that fails to find one on every spawn's path). Its
-        request is read at once: a client sends it with its connect, and
-        waking for the connection took longer than that (no turn of the
-        loop between)."""
+        (no accept() that fails to find one on every spawn's path)."""
         while self.listener is not None:
             try:
                 sock, _ = self.listener.accept()
@@ -94,7 +91,7 @@ class Connections:
                 peer.close()
                 sock.close()
                 continue
-            self._on_readable(self.add(sock, peer))
+            self.add(sock, peer)
             return
 
     def _pause_accepts(self, seconds: float = 0.1) -> None:
