@@ -19,6 +19,7 @@ import select
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -127,6 +128,7 @@ def _measure(bench: Bench, daemon: Daemon, names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": runs, "pss_kib": _pss(daemon)}
     log(f"warm: hand-over and first reply on its pipes, {len(names) + 1} servers, {runs} rounds")
     out["handover"] = _handovers(daemon, [*names, TRIVIAL], runs, PAUSE_S[bench.args.quick])
+    out["wake_us"] = idle_wake(bench.tmp / "wake.sock", runs * 3, PAUSE_S[bench.args.quick])
     log(f"warm: `run NAME` to the initialize reply through the SDK, {runs} interleaved rounds")
     out["sdk"] = _sdk(bench, daemon, names, runs)
     log(f"warm: the relay against a fresh spawn's direct pipes, {runs} interleaved rounds")
@@ -186,6 +188,44 @@ def _handovers(daemon: Daemon, names: list[str], runs: int, pause: float) -> dic
             took[name]["first_reply"].append((t2 - t1) * 1000)
     return {n: {k: statistics.median(v) for k, v in t.items()} | {"handover_max": max(t["handover"])}
             for n, t in took.items()}
+
+
+def idle_wake(path: Path, rounds: int, pause: float) -> float:
+    """The machine's own share of a hand-over: a process asleep in
+    epoll_wait for `pause` s, as the supervisor is when a client comes, woken
+    by a connect(2) to its socket: from the connect to the accept, us, median
+    (twice on a hand-over's path: the supervisor's wake, then the client's)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    listener.bind(str(path))
+    listener.listen(4)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:   # the sleeper: accept, say when, until killed
+        try:
+            poller = select.epoll()
+            poller.register(listener.fileno(), select.EPOLLIN)
+            while True:
+                poller.poll()
+                at = time.perf_counter()
+                listener.accept()[0].close()
+                os.write(w, struct.pack("d", at))
+        finally:
+            os._exit(0)
+    took = []
+    try:
+        for _ in range(rounds):
+            time.sleep(pause)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as sock:
+                t0 = time.perf_counter()
+                sock.connect(str(path))
+                took.append((struct.unpack("d", os.read(r, 8))[0] - t0) * 1e6)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        for fd in (r, w):
+            os.close(fd)
+        listener.close()
+    return statistics.median(took)
 
 
 def _sdk(bench: Bench, daemon: Daemon, names: list[str], runs: int) -> dict[str, Any]:
@@ -291,6 +331,9 @@ def rows(r: dict[str, Any]) -> list[str]:
         sdk = {}
     own = sdk.get(TRIVIAL)
     out.append(f"  `run` of the trivial warm server (run's own start): {_ms(own)}")
+    if "wake_us" in r:
+        out.append(f"  this machine waking a process idle as the supervisor was (connect -> accept): "
+                   f"{r['wake_us']:.0f} us, twice in each hand-over")
     out.append(f"  {'server':<18}{'run -> reply':>14}{'own start + first reply + 5':>30}{'hand-over':>11}"
                f"{'(max)':>8}{'call':>7}{'first reply':>13}{'PSS MiB':>9}   (hand-over: connect(2) -> pipe ends; "
                "call: Client.spawn(); PSS: its session's processes)")

@@ -169,7 +169,7 @@ def test_table_says_when_the_machine_was_busy() -> None:
 
 def test_the_warm_sections_rows_and_targets() -> None:
     from scripts.bench import warm
-    r = {"runs": 10, "discarded": 0, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
+    r = {"runs": 10, "discarded": 0, "wake_us": 120.4, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
          "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0},
          "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "call": 0.7, "first_reply": 8.0},
                       "git": {"handover": 0.8, "handover_max": 1.2, "call": 0.9, "first_reply": 4.0},
@@ -178,9 +178,10 @@ def test_the_warm_sections_rows_and_targets() -> None:
                    "big_direct_ms": 4.0, "big_run_ms": 4.2, "big_added": 0.05}}
     lines = warm.rows(r)
     assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0"
-    assert lines[3].split() == ["time", "40.0", "43.0", "0.60", "0.90", "0.70", "8.0", "50.0", "PASS"]
-    assert lines[4].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
-    assert "(+0.030 ms)" in lines[5] and "(+5.0%)" in lines[5]
+    assert lines[2].endswith("(connect -> accept): 120 us, twice in each hand-over")
+    assert lines[4].split() == ["time", "40.0", "43.0", "0.60", "0.90", "0.70", "8.0", "50.0", "PASS"]
+    assert lines[5].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
+    assert "(+0.030 ms)" in lines[6] and "(+5.0%)" in lines[6]
     assert [(name.split(",")[0], value) for name, value, _, _ in warm.targets(r)] == [
         ("warm: spawn request (connect) -> pipe ends", 0.8), ("warm: relay", 0.03), ("warm: relay", 0.05)]
     assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
