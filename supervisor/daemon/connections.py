@@ -136,8 +136,8 @@ class Connections:
         """peers.descends_from, remembered for the processes found not to
         descend: one that is not our descendant never becomes one (it can only
         be reparented to an ancestor of its own), and peers.process_key names
-        it for good. A proxy reconnecting for every spawn
-        costs one fstat of its pidfd, not a walk up to init."""
+        it for good. A proxy reconnecting for every spawn costs one fstat of
+        its pidfd, not a walk up to init."""
         pid = peer.pid
         try:
             key = peers.process_key(peer)

@@ -1,6 +1,7 @@
 """Who is asking: the kernel's word (SO_PEERCRED, SO_PEERPIDFD), never the request's."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -57,23 +58,19 @@ def process_key(peer: Peer) -> tuple[int, int]:
     return peer.pid, int(stat_fields(peer.pid)[19])
 
 
-_unique: list[bool] = []
-
-
+@functools.cache
 def _pidfs_unique() -> bool:
     """Whether two processes' pidfds have different inodes (pidfs), found once
     (before pidfs, every pidfd is the one anonymous inode)."""
-    if not _unique:
-        fds = []
-        try:
-            fds = [os.pidfd_open(os.getpid()), os.pidfd_open(os.getppid())]
-            _unique.append(os.fstat(fds[0]).st_ino != os.fstat(fds[1]).st_ino)
-        except OSError:
-            _unique.append(False)
-        finally:
-            for fd in fds:
-                os.close(fd)
-    return _unique[0]
+    fds = []
+    try:
+        fds = [os.pidfd_open(os.getpid()), os.pidfd_open(os.getppid())]
+        return os.fstat(fds[0]).st_ino != os.fstat(fds[1]).st_ino
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def descends_from(pid: int, ancestor: int) -> bool:
