@@ -5,12 +5,14 @@ The checks run in the order a refusal's code depends on:
     admit()        unknown fields, the manifest's name, stopping
     stdio_pipes()  the client's stdio (3 fds) or pipes the supervisor makes (`stdio: "pipes"`, no fds)
     check_stdio()  3 fds, each usable as stdio; a terminal only if the manifest takes one
-    plan_spawn()   child limits, args (relative ones against the client's cwd), env,
-                   narrowing (paths, ports, rlimits), then the plan:
-                   argv, environment, the pool (by Spec equality), a session gid or not
+    charge()       child limits: the supervisor's, the peer's uid's
+    plan()         args (relative ones against the client's cwd), env, narrowing
+                   (paths, ports, rlimits), then the plan: argv, environment,
+                   the pool (by Spec equality), a session gid or not (none to
+                   make for a warm server's hand-over: its plan is made already)
 
 Nothing here makes a system call but through the functions passed in:
-plan_spawn's `resolve` (realpath: which paths get resolved, and where a
+plan's `resolve` (realpath: which paths get resolved, and where a
 failure to resolve one is reported, depend on the checks around it, so
 the caller cannot resolve them first without repeating those checks), and
 check_stdio's fstat, F_GETFL and isatty (isatty only where the answer
@@ -122,13 +124,12 @@ def check_stdio(fds: Sequence[int], m: Manifest, fstat: Callable[[int], os.stat_
                           "terminal through pipes)")
 
 
-def plan_spawn(m: Manifest, request: Mapping[str, Any], peer: Peer, counts: Counts, limits: Limits,
-               supervisor_env: Mapping[str, str], resolve: Resolve = os.path.realpath) -> SpawnPlan:
-    """The plan for an admitted request whose stdio was checked; raises Refused."""
+def charge(counts: Counts, peer: Peer, limits: Limits) -> None:
+    """Refused unless one more child of peer's fits, a fresh one or a warm
+    server handed over (charged to its uid then)."""
     room(counts.children, limits)
     if counts.of_peer >= limits.children_per_uid:
         raise Refused(Code.TOO_MANY_CHILDREN, f"uid {peer.uid} has {limits.children_per_uid} children, its limit")
-    return plan(m, request, limits, supervisor_env, resolve)
 
 
 def room(children: int, limits: Limits) -> None:
@@ -140,8 +141,9 @@ def room(children: int, limits: Limits) -> None:
 
 def plan(m: Manifest, request: Mapping[str, Any], limits: Limits, supervisor_env: Mapping[str, str],
          resolve: Resolve = os.path.realpath) -> SpawnPlan:
-    """What request asks of m, nobody's limits counted (a warm server's:
-    the manifest's own process, request {})."""
+    """What an admitted request whose stdio was checked asks of m, nobody's
+    limits counted (a warm server's: the manifest's own process, request {});
+    raises Refused."""
     args = _args(m, request.get("args", []), request.get("cwd"), limits)
     client_env = _client_env(m, request.get("env"))
     try:

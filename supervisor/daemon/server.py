@@ -1,7 +1,7 @@
 """The fork-server: wires loop, connections, policy, confinements, zygote, children and their endings, warm servers and the other operations; spawn; reload and shutdown.
 
 One thread, one selectors loop, for its whole life. A spawn goes one way:
-connections -> handler -> policy.admit/check_stdio/plan_spawn -> confinements -> zygote
+connections -> handler -> policy.admit/check_stdio/charge/plan -> confinements -> zygote
 (zygote.process.ZygoteProcess) -> children -> events back through connections.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Supervisor:
                                  tick, self.endings, self.visibility.report)
         # Drained as `pool: auto` pools are, after the same idle time.
         self.warm = warm.WarmServers(self.loop, self.children, self.endings, self.limits, self._warm_launch,
-                                     lambda: self.zygote.pid, pool_idle)
+                                     self._current, lambda: self.zygote.pid, pool_idle)
         operations = Operations(self.connections, self.children, self.zygote, self.warm, self.visibility, self.stats,
                                 lambda: (self.manifests, self.withdrawn), self.keeps_warm)
         self.handlers: dict[str, Handler] = {"spawn": self._spawn, **operations.handlers()}
@@ -291,6 +291,11 @@ class Supervisor:
         plan = policy.plan(m, {}, self.limits, os.environ)
         return Launch(plan, self.confinements.get(plan.spec))
 
+    def _current(self, launch: Launch) -> bool:
+        """Whether a fresh spawn of launch's spec now gets launch's confinement
+        (its paths the same inodes); raises Refused as a fresh spawn would."""
+        return self.confinements.get(launch.plan.spec) is launch.confinement
+
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
         """docs/design.md's spawn, a line a step: policy, then the confinement, then the child."""
         if conn.session is not None:
@@ -306,14 +311,19 @@ class Supervisor:
         # A warm server handed over adds no child: at the limit, one ready may still serve.
         spare = why is None and self.warm.ready(m.name)
         counts = policy.Counts(len(self.children) - spare, self.children.count_of(conn.peer.uid))
-        plan = policy.plan_spawn(m, request, conn.peer, counts, self.limits, os.environ)
-        launch = Launch(plan, self.confinements.get(plan.spec))
+        policy.charge(counts, conn.peer, self.limits)
         if why is None:
-            server, why = self.warm.take(m, launch)
+            # Nothing of the client's in the request: its plan is the warm servers' own, made already.
+            server, why = self.warm.take(m)
             if server is not None:
-                self.children.hand_over(conn, server.session, server.pipes)
+                try:
+                    self.children.hand_over(conn, server.session, server.pipes)
+                finally:
+                    self.warm.handed(server)
                 return
             policy.room(len(self.children), self.limits)   # a fresh child instead: it must fit
+        plan = policy.plan(m, request, self.limits, os.environ)
+        launch = Launch(plan, self.confinements.get(plan.spec))
         self.own.check()   # (a fresh spawn takes fds of ours, a hand-over none)
         client = None
         if pipes:

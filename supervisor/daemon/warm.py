@@ -103,8 +103,10 @@ class WarmServers:
     at its next spawn, which is fresh)."""
 
     def __init__(self, loop: Loop, children: Children, endings: Endings, limits: Limits,
-                 launch_of: Callable[[Manifest], Launch], zygote_pid: Callable[[], int | None], idle: float) -> None:
+                 launch_of: Callable[[Manifest], Launch], current: Callable[[Launch], bool],
+                 zygote_pid: Callable[[], int | None], idle: float) -> None:
         self.loop, self.children, self.endings, self.limits, self.launch_of = loop, children, endings, limits, launch_of
+        self.current = current
         self.zygote_pid, self.idle = zygote_pid, idle
         self.manifests: dict[str, Manifest] = {}
         self.servers: dict[str, list[Warm]] = {}
@@ -165,31 +167,37 @@ class WarmServers:
 
     # ---- hand-over ---------------------------------------------------------
 
-    def take(self, m: Manifest, launch: Launch) -> tuple[Warm | None, str]:
-        """A ready warm server that is exactly launch's process, now the
-        caller's to hand over (children.hand_over with warm.pipes), or None
-        and why not. The ones found unfit are discarded on the way."""
+    def take(self, m: Manifest) -> tuple[Warm | None, str]:
+        """A ready warm server that is exactly the process a fresh spawn of
+        m's own would be now, the caller's to hand over (children.hand_over
+        with warm.pipes, then handed()), or None and why not. The ones found
+        unfit are discarded on the way."""
         servers = self.servers.get(m.name, [])
         for warm in [w for w in servers if w.ready]:
-            why = self._unfit(warm, m, launch)
+            why = self._unfit(warm, m)
             if why is not None:
                 # No backoff: a process of its uid may have done it (renice),
                 # and a request, not the loop, found it: nothing spins.
                 self._discard(warm, why, failed=False)
                 continue
             self._forget(warm)
-            self.failures.pop(m.name, None)
-            self._fill_later(m.name, 0.0)   # the replacement, off this request's path
             return warm, ""
         return None, "no warm server is ready"
 
-    def _unfit(self, warm: Warm, m: Manifest, launch: Launch) -> str | None:
-        w, p = warm.launch.plan, launch.plan
-        if (self.manifests.get(m.name) is not m or warm.launch.confinement is not launch.confinement
-                or (w.program, w.argv, w.env, w.cwd, w.umask) != (p.program, p.argv, p.env, p.cwd, p.umask)):
-            return "it is not what a fresh spawn of its manifest would be now"
+    def handed(self, warm: Warm) -> None:
+        """After take()'s server was sent, off the request's path: what it held let go, its replacement started."""
+        self._release(warm)
+        self.failures.pop(warm.session.manifest.name, None)
+        self._fill_later(warm.session.manifest.name, 0.0)
+
+    def _unfit(self, warm: Warm, m: Manifest) -> str | None:
+        # Its plan is policy.plan of this manifest with {}, which is what a
+        # request that `unfit` lets through gets: only the manifest (a reload)
+        # and its paths' inodes (the confinement) can have changed since.
         if warm.session.exited is not None or _readable(warm.pipes[1]):
             return "it exited or wrote to its stdout before hand-over"
+        if self.manifests.get(m.name) is not m or not self.current(warm.launch):
+            return "it is not what a fresh spawn of its manifest would be now"
         assert warm.forked is not None
         return warm.forked.tampered()
 
@@ -262,6 +270,7 @@ class WarmServers:
         name = warm.session.manifest.name
         log(f"{name}: warm server {warm.session.pid} discarded: {why}")
         self._forget(warm)
+        self._release(warm)
         protocol.close_all(warm.pipes)
         self.endings.terminate(warm.session, "discarded")
         if failed:
@@ -274,12 +283,16 @@ class WarmServers:
         self._fill_later(name, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1)))
 
     def _forget(self, warm: Warm) -> None:
-        """No longer one of ours (handed over, or discarded)."""
+        """No longer one of ours (handed over, or discarded); its stdout no
+        longer watched (before its pipes close: the client holds them on)."""
         warm.gone = True
         servers = self.servers.get(warm.session.manifest.name, [])
         if warm in servers:
             servers.remove(warm)
         self.loop.unwatch(warm.pipes[1])
+
+    def _release(self, warm: Warm) -> None:
+        """What it held while it waited: its timer, its /proc files."""
         if warm.timer is not None:
             warm.timer.cancel()
         if warm.forked is not None:

@@ -160,7 +160,8 @@ TABLE: list[tuple[str, Manifest, dict[str, Any], tuple[int, int], bool, Any]] = 
 
 def _plan(m: Manifest, request: dict[str, Any], counts: tuple[int, int], stopping: bool) -> policy.SpawnPlan:
     admitted = policy.admit(request, {m.name: m}, stopping)
-    return policy.plan_spawn(admitted, request, PEER, policy.Counts(*counts), LIMITS, SUPERVISOR_ENV, resolve)
+    policy.charge(policy.Counts(*counts), PEER, LIMITS)
+    return policy.plan(admitted, request, LIMITS, SUPERVISOR_ENV, resolve)
 
 
 @pytest.mark.parametrize("manifest, request_, counts, stopping, expected",
