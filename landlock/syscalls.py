@@ -168,8 +168,9 @@ def add_key(key_type: bytes, description: bytes, payload: bytes, keyring: int) -
 
 
 def ioprio_get(who: int = 0) -> int:
-    return _check(_syscall(ctypes.c_long(_number(3, "ioprio_get")), ctypes.c_int(IOPRIO_WHO_PROCESS),
-                           ctypes.c_int(who)), "ioprio_get")
+    # Plain ints go as C ints, as the Landlock calls' numbers do: no ctypes
+    # object made (a supervisor asks at every warm server's hand-over).
+    return _check(_syscall(_number(3, "ioprio_get"), IOPRIO_WHO_PROCESS, who), "ioprio_get")
 
 
 def ioprio_set(ioprio: int, who: int = 0) -> None:

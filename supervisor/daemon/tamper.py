@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
 
 from landlock import enter
 
@@ -50,9 +50,7 @@ def scheduling_of(pid: int) -> Scheduling:
 
 
 def _below(soft: int, floor: int) -> bool:
-    inf = float("inf")
-    as_num: Callable[[int], float] = lambda v: inf if v == resource.RLIM_INFINITY else v  # noqa: E731
-    return as_num(soft) < as_num(floor)
+    return soft != floor and soft != resource.RLIM_INFINITY and (floor == resource.RLIM_INFINITY or soft < floor)
 
 
 def limits_tampered(now: Mapping[int, tuple[int, int]], forked: Mapping[int, tuple[int, int]]) -> str | None:
@@ -71,10 +69,10 @@ def parse_limits(text: bytes) -> dict[int, tuple[int, int]]:
     """/proc/PID/limits (readable by anyone, where prlimit(2) of another uid
     and gid needs CAP_SYS_RESOURCE): resource -> (soft, hard), its lines in
     the resources' order, each "%-25s %-20s %-20s %-10s"."""
-    def value(line: str, start: int) -> int:
-        v = line[start:start + 20].strip()
-        return resource.RLIM_INFINITY if v == "unlimited" else int(v)
-    return {res: (value(line, 26), value(line, 47)) for res, line in enumerate(text.decode().splitlines()[1:])}
+    infinity = resource.RLIM_INFINITY
+    return {res: (infinity if line[26:46].strip() == b"unlimited" else int(line[26:46]),
+                  infinity if line[47:67].strip() == b"unlimited" else int(line[47:67]))
+            for res, line in enumerate(text.splitlines()[1:])}
 
 
 def limits_of(pid: int) -> dict[int, tuple[int, int]]:
@@ -92,6 +90,7 @@ class Forked:
 
     def __init__(self, pid: int, limits: Mapping[int, tuple[int, int]], scheduling: Scheduling) -> None:
         self.pid, self.limits, self.scheduling = pid, limits, scheduling
+        self.as_tuple = astuple(scheduling)   # compared as one at hand-over: no Scheduling made on its path
         self.fds: list[int] = []
         for name in ("stat", "limits"):
             self.fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC))
@@ -113,10 +112,10 @@ class Forked:
             return f"it is in state {state or 'gone'} (stopped, traced or dead)"
         try:
             why = limits_tampered(parse_limits(os.pread(self.fds[1], 8192, 0)), self.limits)
-            now = Scheduling(int(fields[_POLICY]), int(fields[_NICE]), frozenset(os.sched_getaffinity(self.pid)),
-                             enter.io_priority_of(self.pid))
+            now = (int(fields[_POLICY]), int(fields[_NICE]), frozenset(os.sched_getaffinity(self.pid)),
+                   enter.io_priority_of(self.pid))
         except (OSError, IndexError, ValueError) as e:
             return f"it cannot be looked at: {e}"
-        if why is None and now != self.scheduling:
-            why = f"its scheduling is {now}, not {self.scheduling} as forked"
+        if why is None and now != self.as_tuple:
+            why = f"its scheduling is {Scheduling(*now)}, not {self.scheduling} as forked"
         return why
