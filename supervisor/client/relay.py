@@ -18,6 +18,9 @@ through the relay took +19-35%; with them widened, no more than direct
 pipes (docs/performance.md). A chunk moved is followed by the next
 without a select() in between where that cannot block (never from a
 terminal), and not after a short one (the next would find src empty).
+A splice asks for as much as the child's pipe holds: one move takes all
+that is there (each move wakes the other end), where a read takes 64 KiB
+(its buffer is made for each read).
 """
 from __future__ import annotations
 
@@ -78,14 +81,14 @@ class Stream:
                 return None
             if self.splice:
                 try:
-                    moved = os.splice(self.src, self.dst, CHUNK, flags=_SPLICE)
+                    moved = os.splice(self.src, self.dst, PIPE_SIZE, flags=_SPLICE)
                 except OSError as e:
                     if e.errno != errno.EINVAL:
                         raise
                     self.splice = False   # one end takes no splice: copy from now on
                     self.again = self.src_ours
                     return self.move()
-                self.short = moved < CHUNK
+                self.short = moved < PIPE_SIZE
                 return None if moved else "eof"
             self.pending = os.read(self.src, CHUNK)
             if not self.pending:
