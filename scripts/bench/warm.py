@@ -3,9 +3,10 @@
 - `run NAME` to the initialize reply through the official Python SDK, beside
   `run` of a trivial warm server (run's own start) and the direct launch;
 - the supervisor's part, spawn request to the pipe ends in hand
-  (Client.spawn(stdio="pipes") of a ready warm server, from its connect(2):
-  the library's own work before it is the client's), the whole call beside
-  it, and that server's first reply on those pipes (the server's own share);
+  (Client.spawn(stdio="pipes") of a ready warm server, from its connect(2)
+  to the reply's recvmsg(2): the library's own work before and after is
+  the client's), the whole call beside it, and that server's first reply on
+  those pipes (the server's own share);
 - the relay's cost: a small round trip and a 5 MiB one through `run` of a
   warm `cat` against a fresh `cat` spawned on the client's own pipes;
 - what each warm server costs in memory: `list`'s pss_kib once settled.
@@ -152,18 +153,29 @@ def _pss(daemon: Daemon) -> dict[str, dict[str, int]]:
 
 def _handovers(daemon: Daemon, names: list[str], runs: int, pause: float) -> dict[str, Any]:
     """Per server: the spawn request (from its connect(2)) -> pipe ends in
-    hand (ms), the whole Client.spawn() call (ms: the client library's own
-    path checks and socket too), and the first initialize reply on the
-    pipes (ms); each with every warm server ready and started up, and the
-    supervisor idle for `pause` s (as a client finds it)."""
+    hand (the reply's recvmsg(2) returned with them) (ms), the whole
+    Client.spawn() call (ms: the client library's own work too, its path
+    checks and socket before, the reply's decoding and the Child it makes
+    after), and the first initialize reply on the pipes (ms); each with
+    every warm server ready and started up, and the supervisor idle for
+    `pause` s (as a client finds it)."""
     from supervisor.client import Client
     from supervisor.client.paths import check_length
-    marks: list[float] = []
+    marks: dict[str, float] = {}
+
+    class Timed(socket.socket):
+        """The client's socket, noting when its first message came (`spawned`, the pipe ends with it)."""
+
+        def recvmsg(self, *args: Any) -> Any:
+            got = super().recvmsg(*args)
+            marks.setdefault("received", time.perf_counter())
+            return got
 
     def connect() -> socket.socket:
         check_length(daemon.sock)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        marks.append(time.perf_counter())
+        sock = Timed(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        marks.clear()
+        marks["connect"] = time.perf_counter()
         sock.connect(daemon.sock)
         return sock
     client = Client(connect=connect)
@@ -183,7 +195,7 @@ def _handovers(daemon: Daemon, names: list[str], runs: int, pause: float) -> dic
             finally:
                 child.kill()
                 child.close()
-            took[name]["handover"].append((t1 - marks[-1]) * 1000)
+            took[name]["handover"].append((marks["received"] - marks["connect"]) * 1000)
             took[name]["call"].append((t1 - t0) * 1000)
             took[name]["first_reply"].append((t2 - t1) * 1000)
     return {n: {k: statistics.median(v) for k, v in t.items()} | {"handover_max": max(t["handover"])}
@@ -335,7 +347,7 @@ def rows(r: dict[str, Any]) -> list[str]:
         out.append(f"  this machine waking a process idle as the supervisor was (connect -> accept): "
                    f"{r['wake_us']:.0f} us, twice in each hand-over")
     out.append(f"  {'server':<18}{'run -> reply':>14}{'own start + first reply + 5':>30}{'hand-over':>11}"
-               f"{'(max)':>8}{'call':>7}{'first reply':>13}{'PSS MiB':>9}   (hand-over: connect(2) -> pipe ends; "
+               f"{'(max)':>8}{'call':>7}{'first reply':>13}{'PSS MiB':>9}   (hand-over: connect(2) -> recvmsg(2) of the pipe ends; "
                "call: Client.spawn(); PSS: its session's processes)")
     for name, h in hand.items():
         if name == TRIVIAL:
