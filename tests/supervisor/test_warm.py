@@ -170,6 +170,43 @@ def test_two_sessions_never_get_one_warm_server(warm):
     assert wait_until(lambda: _warm(sv, "wsh") and _warm(sv, "wsh")[0] not in seen, 10)
 
 
+def _fd_kinds(sv) -> list[str]:
+    """The supervisor's fds, once no connection is open, by what they are: a
+    pipe, a socket, /proc/PID/stat..."""
+    kinds = []
+    for target in sv.idle_fds().values():
+        kind = target.split(":[")[0]
+        parts = kind.split("/")
+        if kind.startswith("/proc/") and parts[2].isdigit():
+            kind = "/".join([*parts[:2], "PID", *parts[3:]])
+        kinds.append(kind)
+    return sorted(kinds)
+
+
+@pytest.mark.timeout(60)
+def test_hand_overs_leave_the_supervisor_holding_nothing_of_them(warm):
+    """What a warm server held in the supervisor (its pipe ends, its /proc
+    files: let go after the send, in WarmServers.handed) is all given back:
+    once the sessions ended and the replacements are ready, the supervisor
+    holds the same kinds of fd, as many, as before."""
+    sv = warm
+
+    def only_warm_ones() -> bool:
+        return all(c["warm"] for c in sv.client.list()["children"])
+    assert wait_until(only_warm_ones, 10), sv.client.list()
+    before = _fd_kinds(sv)
+    assert before.count("/proc/PID/stat") == before.count("/proc/PID/limits") == 2, before
+    for _ in range(5):
+        child = sv.client.spawn("wcat", stdio="pipes")
+        assert child.warm, child.not_warm
+        child.kill()
+        child.wait(10)
+        child.close()
+        assert wait_until(lambda: _warm(sv, "wcat"), 10), sv.log()
+    assert wait_until(lambda: only_warm_ones() and len(_warm(sv, "wcat")) == 1 and _fd_kinds(sv) == before, 10), \
+        (before, _fd_kinds(sv))
+
+
 @pytest.mark.timeout(60)
 def test_a_reload_retires_every_warm_server(warm):
     sv = warm
