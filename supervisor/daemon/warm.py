@@ -48,9 +48,13 @@ if TYPE_CHECKING:
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 300.0
 TEND = 5.0               # seconds between looks at demand and at room under the children limit
 STABLE = 10.0            # a server that waited this long was no failure, whatever ended it
-# The request fields that always mean a fresh spawn (the list).
-_CLIENT_FIELDS = (("args", "client args"), ("env", "a client environment"), ("cwd", "a client cwd"),
-                  ("narrow", "a narrowing"))
+# The request fields that always mean a fresh spawn (the list), and
+# the values of each that are nothing of the client's (policy.plan's own
+# reading). Any other value goes fresh, a wrong type (`args: null`) too, where
+# policy.plan refuses it: a hand-over makes no plan, so it must never meet one.
+_CLIENT_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
+    ("args", "client args", ([],)), ("env", "a client environment", ({}, None)),
+    ("cwd", "a client cwd", ()), ("narrow", "a narrowing", ()))
 
 
 def unfit(m: Manifest, request: Mapping[str, Any], pipes: bool) -> str | None:
@@ -61,8 +65,8 @@ def unfit(m: Manifest, request: Mapping[str, Any], pipes: bool) -> str | None:
         return "its manifest keeps no warm server"
     if not pipes:
         return "the client passed its own stdio"
-    for key, what in _CLIENT_FIELDS:
-        if request.get(key) not in (None, [], {}) or (key in ("cwd", "narrow") and key in request):
+    for key, what, nothing in _CLIENT_FIELDS:
+        if key in request and request[key] not in nothing:
             return f"the request has {what}"
     return None
 

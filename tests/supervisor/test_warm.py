@@ -16,7 +16,7 @@ import pytest
 from supervisor.client.aio import AsyncClient
 from supervisor.client import SupervisorError
 from supervisor.errors import Code
-from svhelpers import read_all, read_line, run, wait_until
+from svhelpers import read_all, read_line, request, run, wait_until
 
 pytestmark = pytest.mark.enforcement
 
@@ -242,6 +242,18 @@ def test_a_client_request_of_its_own_is_never_warm(warm):
     assert r.child.pid != server and not r.child.warm
     assert r.child.not_warm == "the client passed its own stdio"
     assert _warm(sv, "wsh") == [server]
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_request_is_refused_as_it_would_be_without_warm_servers(warm):
+    """A hand-over makes no plan: a field of the wrong type (that policy.plan
+    refuses) must never reach one. Refused, and the warm server kept."""
+    sv = warm
+    [server] = _warm(sv, "wcat")
+    for field, value in (("args", None), ("args", {}), ("env", [])):
+        reply = request(str(sv.socket_path), {"op": "spawn", "manifest": "wcat", "stdio": "pipes", field: value})
+        assert reply is not None and reply["event"] == "error" and reply["code"] == "bad_request", (field, reply)
+    assert _warm(sv, "wcat") == [server]
 
 
 @pytest.mark.timeout(60)

@@ -29,6 +29,13 @@ UNFIT = [
     ("client env", {"env": {"GITHUB_TOKEN": "t"}}, True, "the request has a client environment"),
     ("a cwd, even without args", {"cwd": "/"}, True, "the request has a client cwd"),
     ("a narrowing, even an empty one", {"narrow": {}}, True, "the request has a narrowing"),
+    ("env: {} is no client environment", {"env": {}}, True, None),
+    # Of the wrong type: fresh, where policy.plan refuses it (a hand-over makes no plan).
+    ("args: null", {"args": None}, True, "the request has client args"),
+    ("args: {}", {"args": {}}, True, "the request has client args"),
+    ("env: []", {"env": []}, True, "the request has a client environment"),
+    ("env: null is no client environment (policy.plan's reading)", {"env": None}, True, None),
+    ("args: false", {"args": False}, True, "the request has client args"),
 ]
 
 
