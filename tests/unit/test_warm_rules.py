@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon import tamper, warm
+from supervisor.daemon import policy, tamper, warm
+from supervisor.daemon.limits import Limits
 from manifest_text import load_text as _load
 
 INF = resource.RLIM_INFINITY
@@ -43,6 +44,11 @@ UNFIT = [
 def test_unfit(tmp_path: Path, case: str, request_: dict, pipes: bool, why: str | None) -> None:
     m = _load(tmp_path, "user: dynamic\n" + ("" if why == "its manifest keeps no warm server" else "warm: 1\n"))
     assert warm.unfit(m, request_, pipes) == why
+    if why is None:
+        # A hand-over makes no plan: what unfit lets through must be planned
+        # exactly as the warm servers' own empty request was.
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+        assert policy.plan(m, request_, Limits(), env) == policy.plan(m, {}, Limits(), env)
 
 
 S = frozenset({0, 1})
