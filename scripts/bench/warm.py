@@ -8,12 +8,15 @@
   the client's), the whole call beside it, and that server's first reply on
   those pipes (the server's own share);
 - the relay's cost: a small round trip and a 5 MiB one through `run` of a
-  warm `cat` against a fresh `cat` spawned on the client's own pipes;
+  warm `cat` against a fresh `cat` spawned on the client's own pipes (and,
+  for the relay's own cost, on them widened as `run` widens its own);
 - what each warm server costs in memory: `list`'s pss_kib once settled.
 Medians of interleaved rounds. Asserts nothing.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -26,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from supervisor.client.relay import OUR_PIPE_SIZE, PIPE_SIZE
 
 from .lab import REPO, Bench
 from .mcp import INIT, _read_reply
@@ -265,35 +270,41 @@ def _sdk(bench: Bench, daemon: Daemon, names: list[str], runs: int) -> dict[str,
 
 def _relay(daemon: Daemon, runs: int, trips: int) -> dict[str, Any]:
     """Per round, each way in turn: `trips` small round trips and one of 5 MiB,
-    through `run cat-warm` (the relay) and a fresh `cat` on our own pipes;
-    each session's first round trip not timed, and through `run`, cat-warm's
-    replacement ready before the timed ones (its start is not the relay's cost)."""
-    small: dict[str, list[float]] = {"run": [], "direct": []}
-    big: dict[str, list[float]] = {"run": [], "direct": []}
-    payload = os.urandom(BIG)
+    through `run cat-warm` (the relay), a fresh `cat` on our own pipes as
+    pipe(2) makes them (the target's baseline) and on ours widened as `run`
+    widens its own (the relay's own cost, pipes alike); each session's first
+    round trip not timed, and through `run`, cat-warm's replacement ready
+    before the timed ones (its start is not the relay's cost)."""
+    ways = ("direct", "wide", "run")
+    small: dict[str, list[float]] = {way: [] for way in ways}
+    big: dict[str, list[float]] = {way: [] for way in ways}
+    payload, echo = os.urandom(BIG), bytearray(BIG)
     for _ in range(runs):
-        for way in ("direct", "run"):
+        for way in ways:
             if way == "run":
                 daemon.ready(["cat-warm"], 60)
             with _Session(daemon, way) as (w, r):
-                _round_trip(w, r, SMALL)   # the session is up (through run: the warm server handed over)
+                _round_trip(w, r, SMALL, echo)   # the session is up (through run: the warm server handed over)
                 if way == "run":
                     daemon.ready(["cat-warm"], 60)
                 for _ in range(trips):
                     t0 = time.perf_counter()
-                    _round_trip(w, r, SMALL)
+                    _round_trip(w, r, SMALL, echo)
                     small[way].append((time.perf_counter() - t0) * 1000)
                 t0 = time.perf_counter()
-                _round_trip(w, r, payload)
+                _round_trip(w, r, payload, echo)
                 big[way].append((time.perf_counter() - t0) * 1000)
+                assert echo == payload, f"{way}: the echo differs from what was sent"
     med = {f"{kind}_{way}_ms": statistics.median(v[way]) for kind, v in (("small", small), ("big", big))
-           for way in v}
+           for way in ways}
     return med | {"small_added_ms": med["small_run_ms"] - med["small_direct_ms"],
-                  "big_added": med["big_run_ms"] / med["big_direct_ms"] - 1, "trips": trips}
+                  "big_added": med["big_run_ms"] / med["big_direct_ms"] - 1,
+                  "big_own": med["big_run_ms"] / med["big_wide_ms"] - 1, "trips": trips}
 
 
 class _Session:
-    """A cat: `run cat-warm` on pipes of ours, or a fresh cat spawned with them."""
+    """A cat: `run cat-warm` on pipes of ours, or a fresh cat spawned with
+    them (widened for "wide"); our ends non-blocking (_round_trip)."""
 
     def __init__(self, daemon: Daemon, way: str) -> None:
         self.daemon, self.way = daemon, way
@@ -304,13 +315,20 @@ class _Session:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
                                          env={"PATH": "/usr/bin:/bin"})
             assert self.proc.stdin and self.proc.stdout
-            return self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        in_r, self.w = os.pipe2(os.O_CLOEXEC)
-        self.r, out_w = os.pipe2(os.O_CLOEXEC)
-        self.child = self.daemon.client.spawn("cat-fresh", stdin=in_r, stdout=out_w, stderr=2)
-        os.close(in_r)
-        os.close(out_w)
-        return self.w, self.r
+            ends = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        else:
+            in_r, self.w = os.pipe2(os.O_CLOEXEC)
+            self.r, out_w = os.pipe2(os.O_CLOEXEC)
+            if self.way == "wide":
+                for fd in (self.w, self.r):
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, OUR_PIPE_SIZE)
+            self.child = self.daemon.client.spawn("cat-fresh", stdin=in_r, stdout=out_w, stderr=2)
+            os.close(in_r)
+            os.close(out_w)
+            ends = self.w, self.r
+        for fd in ends:   # (our ends: the other ends are the child's, or run's, own files)
+            os.set_blocking(fd, False)
+        return ends
 
     def __exit__(self, *exc: object) -> None:
         if self.way == "run":
@@ -322,20 +340,27 @@ class _Session:
         os.close(self.r)
 
 
-def _round_trip(w: int, r: int, data: bytes) -> None:
-    """data written to w while its echo is read back from r, all of it."""
-    view, got = memoryview(data), 0
+def _round_trip(w: int, r: int, data: bytes, echo: bytearray) -> None:
+    """data written to w (non-blocking) while its echo is read back from r
+    into `echo`: with no buffer made on each read, it is the pipes and the
+    relay that are timed, not this process (a 1 MiB read's new buffer had
+    made it the slowest of the three, its own CPU the round trip)."""
+    view, into, got = memoryview(data), memoryview(echo), 0
     while got < len(data):
         ready_r, ready_w, _ = select.select([r], [w] if view else [], [], 60)
         if not ready_r and not ready_w:
             raise TimeoutError("no echo in 60 s")
         if ready_w:
-            view = view[os.write(w, view[:1 << 16]):]
+            with contextlib.suppress(BlockingIOError):
+                view = view[os.write(w, view[:PIPE_SIZE]):]
         if ready_r:
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
+            try:
+                n = os.readv(r, [into[got:len(data)]])
+            except BlockingIOError:
+                continue
+            if not n:
                 raise EOFError("the echo ended early")
-            got += len(chunk)
+            got += n
 
 
 def rows(r: dict[str, Any]) -> list[str]:
@@ -368,6 +393,9 @@ def rows(r: dict[str, Any]) -> list[str]:
     out.append(f"  relay, {rel['trips']} small round trips a round: direct pipes {rel['small_direct_ms']:.3f}, "
                f"through run {rel['small_run_ms']:.3f} ({rel['small_added_ms']:+.3f} ms); 5 MiB round trip: "
                f"direct {rel['big_direct_ms']:.1f}, through run {rel['big_run_ms']:.1f} ({rel['big_added']:+.1%})")
+    if "big_wide_ms" in rel:
+        out.append(f"  relay's own cost, 5 MiB round trip: direct pipes widened as run widens its own "
+                   f"{rel['big_wide_ms']:.1f}, through run {rel['big_run_ms']:.1f} ({rel['big_own']:+.1%})")
     return out
 
 
