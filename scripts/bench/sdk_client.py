@@ -10,12 +10,19 @@ an MCP client does (stdio_client), and times from the start to
 initialize()'s return; the session is closed before the next, P seconds
 (default 0, not timed) after it (a warm server replaced meanwhile).
 Prints {KEY: [ms, ...]} (or {"error"}).
+
+With "calls": {"tool", "argument", "small", "big_bytes"} in SPEC, each
+session instead, once initialized, calls the tool once (not timed), then P
+seconds on, `small` times with a one-character argument and once with `big_bytes` of them
+(each echoed back whole), timed from the call to its result, and prints
+{KEY: {"small": [ms, ...], "big": [ms, ...]}}.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -34,7 +41,33 @@ async def once(variant: dict[str, Any], timeout: float) -> float:
     raise AssertionError("unreachable")
 
 
+async def calls(variant: dict[str, Any], spec: dict[str, Any], out: dict[str, list[float]]) -> None:
+    """One session's tool calls, small then big, timed (ms) into out."""
+    how = spec["calls"]
+    params = StdioServerParameters(command=variant["command"], args=variant.get("args", []), env=variant.get("env"))
+    with anyio.fail_after(spec["timeout"]):
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                await session.call_tool(how["tool"], {how["argument"]: "x"})   # (the server's first call: not timed)
+                await anyio.sleep(spec.get("pause_s", 0))   # (a warm server's replacement started meanwhile)
+                for kind, text in [*[("small", "x")] * how["small"], ("big", "x" * how["big_bytes"])]:
+                    t0 = time.perf_counter()
+                    result = await session.call_tool(how["tool"], {how["argument"]: text})
+                    took = (time.perf_counter() - t0) * 1000
+                    echoed = "".join(getattr(c, "text", "") for c in result.content)
+                    if not echoed.endswith(text):   # (a tool's error comes as a result too)
+                        raise AssertionError(f"{how['tool']} did not echo {len(text)} characters: {echoed[:200]!r}")
+                    out[kind].append(took)
+
+
 async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    if "calls" in spec:
+        timed: dict[str, Any] = {key: {"small": [], "big": []} for key in spec["variants"]}
+        for _ in range(spec["runs"]):
+            for key, variant in spec["variants"].items():
+                await calls(variant, spec, timed[key])
+        return timed
     out: dict[str, Any] = {key: [] for key in spec["variants"]}
     for key, variant in spec["variants"].items():   # a warm-up each: page cache, rulesets
         await once(variant, spec["timeout"])
@@ -52,5 +85,8 @@ if __name__ == "__main__":
     try:
         result = anyio.run(main, spec)
     except BaseException as e:  # noqa: BLE001 - reported to the benchmark
+        inner: Sequence[BaseException] = getattr(e, "exceptions", ())
+        while len(inner) == 1:   # (anyio's task groups wrap what failed in an exception group)
+            e, inner = inner[0], getattr(inner[0], "exceptions", ())
         result = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(result))

@@ -176,15 +176,26 @@ def test_the_warm_sections_rows_and_targets() -> None:
                       "trivial": {"handover": 0.5, "handover_max": 0.7, "call": 0.6, "first_reply": 1.0}},
          "relay": {"trips": 200, "small_direct_ms": 0.02, "small_run_ms": 0.05, "small_added_ms": 0.03,
                    "big_direct_ms": 4.0, "big_run_ms": 4.2, "big_added": 0.05,
-                   "big_wide_ms": 3.0, "big_own": 0.4}}
+                   "big_wide_ms": 3.0, "big_own": 0.4},
+         "sdk_relay": {"calls": 20, "small_direct_ms": 1.0, "small_run_ms": 1.04, "small_added_ms": 0.04,
+                       "big_direct_ms": 90.0, "big_run_ms": 92.7, "big_added": 0.03},
+         "sdk_relay_awake": {"calls": 20, "small_direct_ms": 0.5, "small_run_ms": 0.55, "small_added_ms": 0.05,
+                             "big_direct_ms": 80.0, "big_run_ms": 81.6, "big_added": 0.02}}
     lines = warm.rows(r)
     assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0"
     assert lines[2].endswith("(connect -> accept): 120 us, twice in each hand-over")
     assert lines[4].split() == ["time", "40.0", "43.0", "0.60", "0.90", "0.70", "8.0", "50.0", "PASS"]
     assert lines[5].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
-    assert "(+0.030 ms)" in lines[6] and "(+5.0%)" in lines[6]
-    assert lines[7].endswith("widened as run widens its own 3.0, through run 4.2 (+40.0%)")
+    assert lines[6].endswith("one character: direct pipes 1.000, through run 1.040 (+0.040 ms); "
+                             "5 MiB: direct 90.0, through run 92.7 (+3.0%)")
+    assert lines[7].endswith("one character: direct 0.500, through run 0.550 (+0.050 ms); "
+                             "5 MiB: direct 80.0, through run 81.6 (+2.0%)")
+    assert "(+0.030 ms)" in lines[8] and "(+5.0%)" in lines[8]
+    assert lines[9].endswith("widened as run widens its own: 3.0 (through run +40.0%)")
     assert [(name.split(",")[0], value) for name, value, _, _ in warm.targets(r)] == [
-        ("warm: spawn request (connect) -> pipe ends", 0.8), ("warm: relay", 0.03), ("warm: relay", 0.05)]
+        ("warm: spawn request (connect) -> pipe ends", 0.8), ("warm: relay (SDK)", 0.04), ("warm: relay (SDK)", 0.03)]
+    without_sdk = r | {"sdk_relay": {"skipped": "no clients"}, "sdk_relay_awake": {"skipped": "no clients"}}
+    assert warm.rows(without_sdk)[6] == "  relay as the SDK meets it: no clients"
+    assert [value for _, value, _, _ in warm.targets(without_sdk)] == [0.8, None, None]
     assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
     assert warm.rows({"skipped": "not root"})[1] == "  not root"
