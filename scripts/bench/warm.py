@@ -295,10 +295,12 @@ def _cpus_awake() -> Iterator[None]:
     wakes of `run` to each round trip, and where an idle CPU halts (this VM:
     idle_wake), waking it costs more than the relay's own work: measured
     both ways, what the machine adds is told apart from what the relay does."""
+    # Each ends with us, killed or not: a spinner left behind would skew whatever runs next.
     spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\n" \
-           "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
-    spinners = [subprocess.Popen([sys.executable, "-I", "-c", spin, str(cpu)], stdin=subprocess.DEVNULL)
-                for cpu in sorted(os.sched_getaffinity(0))]
+           "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" \
+           "parent = int(sys.argv[2])\nwhile os.getppid() == parent:\n    pass\n"
+    spinners = [subprocess.Popen([sys.executable, "-I", "-c", spin, str(cpu), str(os.getpid())],
+                                 stdin=subprocess.DEVNULL) for cpu in sorted(os.sched_getaffinity(0))]
     try:
         yield
     finally:
