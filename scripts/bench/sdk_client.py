@@ -13,9 +13,9 @@ Prints {KEY: [ms, ...]} (or {"error"}).
 
 With "calls": {"tool", "argument", "small", "big_bytes"} in SPEC, each
 session instead, once initialized, calls the tool once (not timed), then P
-seconds on, `small` times with a one-character argument and once with `big_bytes` of them
-(each echoed back whole), timed from the call to its result, and prints
-{KEY: {"small": [ms, ...], "big": [ms, ...]}}.
+seconds on, `small` times with a one-character argument and once with
+`big_bytes` of them (each echoed back whole), timed from the call to its
+result, and prints {KEY: {"small": [ms, ...], "big": [ms, ...]}}.
 """
 from __future__ import annotations
 
