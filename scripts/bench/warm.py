@@ -453,17 +453,12 @@ def rows(r: dict[str, Any]) -> list[str]:
     sdk_rel = r.get("sdk_relay") or {"skipped": "not measured"}
     if "small_run_ms" in sdk_rel:
         out.append(f"  relay as the SDK meets it ({sdk_rel['calls']} tools/call of {RELAY_SERVER}'s echo a session, "
-                   f"call -> result): one character: direct pipes {sdk_rel['small_direct_ms']:.3f}, through run "
-                   f"{sdk_rel['small_run_ms']:.3f} ({sdk_rel['small_added_ms']:+.3f} ms); 5 MiB: direct "
-                   f"{sdk_rel['big_direct_ms']:.1f}, through run {sdk_rel['big_run_ms']:.1f} ({sdk_rel['big_added']:+.1%})")
+                   f"call -> result): {_calls(sdk_rel)}")
     else:
         out.append(f"  relay as the SDK meets it: {sdk_rel.get('skipped') or sdk_rel.get('error')}")
     awake = r.get("sdk_relay_awake") or {}
     if "small_run_ms" in awake:
-        out.append(f"    the same with no CPU left idle (a SCHED_IDLE spinner each): one character: direct "
-                   f"{awake['small_direct_ms']:.3f}, through run {awake['small_run_ms']:.3f} "
-                   f"({awake['small_added_ms']:+.3f} ms); 5 MiB: direct {awake['big_direct_ms']:.1f}, through run "
-                   f"{awake['big_run_ms']:.1f} ({awake['big_added']:+.1%})")
+        out.append(f"    the same with no CPU left idle (a SCHED_IDLE spinner each): {_calls(awake)}")
     rel = r["relay"]
     out.append(f"  relay's own cost, a client that only moves bytes ({rel['trips']} small round trips a round to a "
                f"cat): small: direct pipes {rel['small_direct_ms']:.3f}, through run {rel['small_run_ms']:.3f} "
@@ -473,6 +468,13 @@ def rows(r: dict[str, Any]) -> list[str]:
         out.append(f"    5 MiB, direct pipes widened as run widens its own: {rel['big_wide_ms']:.1f} "
                    f"(through run {rel['big_own']:+.1%})")
     return out
+
+
+def _calls(f: dict[str, Any]) -> str:
+    """_sdk_relay's figures, direct and through `run`."""
+    return (f"one character: direct pipes {f['small_direct_ms']:.3f}, through run {f['small_run_ms']:.3f} "
+            f"({f['small_added_ms']:+.3f} ms); 5 MiB: direct {f['big_direct_ms']:.1f}, through run "
+            f"{f['big_run_ms']:.1f} ({f['big_added']:+.1%})")
 
 
 def _ms(x: float | None) -> str:

@@ -188,7 +188,8 @@ def test_the_warm_sections_rows_and_targets() -> None:
     assert lines[5].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
     assert lines[6].endswith("one character: direct pipes 1.000, through run 1.040 (+0.040 ms); "
                              "5 MiB: direct 90.0, through run 92.7 (+3.0%)")
-    assert lines[7].endswith("one character: direct 0.500, through run 0.550 (+0.050 ms); "
+    assert lines[7].endswith("no CPU left idle (a SCHED_IDLE spinner each): one character: direct pipes 0.500, "
+                             "through run 0.550 (+0.050 ms); "
                              "5 MiB: direct 80.0, through run 81.6 (+2.0%)")
     assert "(+0.030 ms)" in lines[8] and "(+5.0%)" in lines[8]
     assert lines[9].endswith("widened as run widens its own: 3.0 (through run +40.0%)")
