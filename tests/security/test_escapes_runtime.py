@@ -248,6 +248,35 @@ def test_session_gid_reused_by_another_manifest(reuse, writer):
     assert st.st_gid == REUSED_GID and st.st_mode & 0o077 == 0, oct(st.st_mode)
 
 
+@pytest.mark.timeout(60)
+def test_two_root_supervisors_on_one_gid_range_share_session_gids(lab):
+    """Session gids are one supervisor's to hand out: two root supervisors
+    on one host whose `--session-gids` ranges overlap (both on the default,
+    unless told otherwise) can give two of their sessions one gid, and two
+    such sessions of one uid (a named `user:`, or `allow_root`) then
+    prlimit each other. Here both have the same single gid, so the first
+    session of each has it."""
+    share = lab.dir / "share"
+    share.mkdir()
+    os.chmod(share, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    gid = ids.DEFAULT_SESSION_GIDS[0]
+    clients = []
+    for side in ("one", "two"):
+        mdir = lab.dir / side / "manifests"
+        lab.manifest("probe", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                     user=CHILD_UID, directory=mdir,
+                     sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+        clients.append(lab.start(manifests=[mdir], socket_path=lab.dir / side / "run" / "socket",
+                                 state_root=lab.dir / side / "state", extra=["--session-gids", f"{gid}-{gid}"]).client)
+    victim = Running(clients[0], "probe", [["sleep", 3]])
+    o = attack(clients[1], "probe", [["ids"], ["prlimit", victim.pid, "NOFILE", 64, 64]])
+    victim.finish()
+    assert o[0]["value"]["Gid"][0] == str(gid), o   # the premise: the same gid from each supervisor
+    check_limit("session-gids-two-supervisors", o[1]["ok"])
+
+
 @pytest.mark.timeout(40)
 def test_same_uid_sessions_can_reschedule_each_other(rt):
     """Scheduling checks uids only: a session renices, pins and sets
