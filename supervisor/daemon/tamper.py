@@ -50,7 +50,8 @@ def scheduling_of(pid: int) -> Scheduling:
 
 
 def _below(soft: int, floor: int) -> bool:
-    return soft != floor and soft != resource.RLIM_INFINITY and (floor == resource.RLIM_INFINITY or soft < floor)
+    """soft < floor, RLIM_INFINITY above every number."""
+    return soft != resource.RLIM_INFINITY and (floor == resource.RLIM_INFINITY or soft < floor)
 
 
 def limits_tampered(now: Mapping[int, tuple[int, int]], forked: Mapping[int, tuple[int, int]]) -> str | None:
@@ -69,10 +70,11 @@ def parse_limits(text: bytes) -> dict[int, tuple[int, int]]:
     """/proc/PID/limits (readable by anyone, where prlimit(2) of another uid
     and gid needs CAP_SYS_RESOURCE): resource -> (soft, hard), its lines in
     the resources' order, each "%-25s %-20s %-20s %-10s"."""
-    infinity = resource.RLIM_INFINITY
-    return {res: (infinity if line[26:46].strip() == b"unlimited" else int(line[26:46]),
-                  infinity if line[47:67].strip() == b"unlimited" else int(line[47:67]))
-            for res, line in enumerate(text.splitlines()[1:])}
+    return {res: (_limit(line[26:46]), _limit(line[47:67])) for res, line in enumerate(text.splitlines()[1:])}
+
+
+def _limit(field: bytes) -> int:
+    return resource.RLIM_INFINITY if field.strip() == b"unlimited" else int(field)
 
 
 def limits_of(pid: int) -> dict[int, tuple[int, int]]:
