@@ -100,6 +100,16 @@ def main(args: argparse.Namespace) -> int:
     state_root = args.state_root or default_state_root()
     # A private supervisor's zygote boots while the modules below import.
     early = _boot_early(state_root) if args.control_fd is not None else None
+    lease: list[int] = []   # the lock files of the session gids' blocks, held while it serves
+    if os.geteuid() == 0:
+        from .daemon import leases
+        try:
+            session_gids, lease = leases.lease(session_gids, args.max_children)
+        except (ids.IdError, OSError) as e:
+            if early is not None:
+                early[1].abandon()
+            why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e
+            return fail(EXIT_USAGE, f"not starting: the session gids' lease: {why}")
     from .manifests.manifest import ManifestError
     from .daemon.server import Config, Limits, Supervisor
     limits = Limits(grace=args.grace, connections=args.max_connections,
@@ -125,7 +135,14 @@ def main(args: argparse.Namespace) -> int:
         if early is not None:
             early[1].abandon()
         return fail(EXIT_USAGE, f"not starting: {e}")
-    return supervisor.serve()
+    if lease and args.control_fd is None:
+        from .daemon.log import log
+        log(f"session gids {session_gids[0]}-{session_gids[1]}, leased of --session-gids {args.session_gids}")
+    try:
+        return supervisor.serve()
+    finally:
+        for fd in lease:   # (its children are gone by now: serve ends them before it returns)
+            os.close(fd)
 
 
 def _systemd_socket() -> int | None:

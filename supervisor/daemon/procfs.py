@@ -1,4 +1,4 @@
-"""/proc readers: stat fields, children of a pid, members of a session, by environment or uid, fd count, RSS, groups.
+"""/proc readers: stat fields, children of a pid, members of a session, by environment or uid, fd count, RSS, gids.
 
 The server, peers, the tests and scripts/soak.py read processes through
 these; each tolerates a process that vanishes while it looks.
@@ -126,10 +126,19 @@ def session_pss_kib(sid: int, table: Iterable[tuple[int, list[str]]]) -> tuple[i
 
 def groups_of(pid: int) -> set[int]:
     """Its supplementary groups; none when it cannot be read."""
+    return _ids(pid, "Groups:")
+
+
+def gids_of(pid: int | str) -> set[int]:
+    """Its real, effective, saved and filesystem gids; none when it cannot be read."""
+    return _ids(pid, "Gid:")
+
+
+def _ids(pid: int | str, field: str) -> set[int]:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("Groups:"):
+                if line.startswith(field):
                     return {int(g) for g in line.split()[1:]}
     except OSError:
         pass

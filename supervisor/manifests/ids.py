@@ -159,7 +159,7 @@ class Table:
 
     def peek(self, name: str) -> tuple[int, bool]:
         """(uid, recorded): the uid the manifest has, or the one assign() would give."""
-        fd = self._directory(create=False)
+        fd = table_directory(self.directory, create=False)
         try:
             table = _read(fd, self.name, self.path) if fd is not None else {}
         finally:
@@ -171,7 +171,7 @@ class Table:
 
     def names(self) -> dict[str, int]:
         """This state root's manifests and their uids, as recorded."""
-        fd = self._directory(create=False)
+        fd = table_directory(self.directory, create=False)
         if fd is None:
             return {}
         try:
@@ -182,7 +182,7 @@ class Table:
     def assign(self, names: Iterable[str], log: Callable[[str], None] | None = None) -> dict[str, int]:
         """The uid of each name, recording new ones (under the lock)."""
         keys = [(self.root, n) for n in names]
-        fd = self._directory(create=True)
+        fd = table_directory(self.directory, create=True)
         assert fd is not None
         try:
             lock = os.open(self.name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
@@ -210,23 +210,26 @@ class Table:
             out.update({(root, name): uid for name, uid in _read_old(path).items()})
         return out
 
-    def _directory(self, create: bool) -> int | None:
-        """The table's directory, opened without following a link; it must be
-        root's (this process's uid's), writable by nobody else."""
+
+def table_directory(directory: str, create: bool) -> int | None:
+    """The host table's directory (also the session gids' leases:
+    daemon/leases.py), opened without following a link, None when it is
+    missing; it must be root's (this process's uid's), writable by nobody else."""
+    if create:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         if create:
-            os.makedirs(self.directory, mode=0o755, exist_ok=True)
-        try:
-            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if create:
-                raise
-            return None
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            os.close(fd)
-            raise IdError(f"{self.directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
-                          "the table of dynamic uids lies in a directory only the supervisor's user may write")
-        return fd
+            raise
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise IdError(f"{directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                      "the host's table of dynamic uids and the session gids' leases lie in a directory only the "
+                      "supervisor's user may write")
+    return fd
 
 
 # Never a link; a FIFO planted in its place does not block the open.

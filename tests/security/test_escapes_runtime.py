@@ -27,8 +27,9 @@ from typing import Any
 
 import pytest
 
-from sechelpers import (BOMB_UID, CHILD_UID, PROBE, PYTHON3, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
+from sechelpers import (BOMB_UID, CHILD_UID, PROBE, PYTHON3, REPO, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
                         check_limit, through_a_terminal)
+from supervisor.daemon import leases
 from supervisor.manifests import ids
 from supervisor.client import SupervisorError
 from svhelpers import processes_with_tag, read_all, run, spawn_bg, wait_until
@@ -248,33 +249,76 @@ def test_session_gid_reused_by_another_manifest(reuse, writer):
     assert st.st_gid == REUSED_GID and st.st_mode & 0o077 == 0, oct(st.st_mode)
 
 
+# Two blocks of session gids above the default range (daemon/leases.py), leased by no other supervisor of the suite.
+LEASED = ids.DEFAULT_SESSION_GIDS[1] + 1, ids.DEFAULT_SESSION_GIDS[1] + 2 * leases.BLOCK
+
+
 @pytest.mark.timeout(60)
-def test_two_root_supervisors_on_one_gid_range_share_session_gids(lab):
-    """Session gids are one supervisor's to hand out: two root supervisors
-    on one host whose `--session-gids` ranges overlap (both on the default,
-    unless told otherwise) can give two of their sessions one gid, and two
-    such sessions of one uid (a named `user:`, or `allow_root`) then
-    prlimit each other. Here both have the same single gid, so the first
-    session of each has it."""
+@case("session-gids-two-supervisors")
+def test_two_root_supervisors_on_one_gid_range_never_share_a_gid(lab):
+    """Attempt: a session under each of two root supervisors on one host
+    and one `--session-gids` range, one uid for both, prlimits the other.
+    Stopped by: each supervisor hands out only the block of the range it
+    leases: the two sessions' gids differ, and prlimit is EPERM each way.
+    A third supervisor on the range finds no free block and does not
+    start; once the first has stopped, its block is free again."""
     share = lab.dir / "share"
     share.mkdir()
     os.chmod(share, 0o777)
     shutil.copy(PROBE, share / "probe.py")
     os.chmod(share / "probe.py", 0o644)
-    gid = ids.DEFAULT_SESSION_GIDS[0]
-    clients = []
-    for side in ("one", "two"):
+    gids = f"{LEASED[0]}-{LEASED[1]}"
+
+    def supervisor(side: str) -> Supervisor:
         mdir = lab.dir / side / "manifests"
         lab.manifest("probe", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
                      user=CHILD_UID, directory=mdir,
                      sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
-        clients.append(lab.start(manifests=[mdir], socket_path=lab.dir / side / "run" / "socket",
-                                 state_root=lab.dir / side / "state", extra=["--session-gids", f"{gid}-{gid}"]).client)
-    victim = Running(clients[0], "probe", [["sleep", 3]])
-    o = attack(clients[1], "probe", [["ids"], ["prlimit", victim.pid, "NOFILE", 64, 64]])
-    victim.finish()
-    assert o[0]["value"]["Gid"][0] == str(gid), o   # the premise: the same gid from each supervisor
-    check_limit("session-gids-two-supervisors", o[1]["ok"])
+        return lab.supervisor(manifests=[mdir], socket_path=lab.dir / side / "run" / "socket",
+                              state_root=lab.dir / side / "state", extra=["--session-gids", gids])
+
+    one, two = supervisor("one").start(), supervisor("two").start()
+    a = Running(one.client, "probe", [["ids"], ["prlimit_from", str(share / "b"), "NOFILE", 64, 64], ["sleep", 1]])
+    b = Running(two.client, "probe", [["ids"], ["prlimit_from", str(share / "a"), "NOFILE", 64, 64], ["sleep", 1]])
+    _tell(share / "a", a.pid)
+    _tell(share / "b", b.pid)
+    oa, ob = a.finish(), b.finish()
+    gid_a, gid_b = int(oa[0]["value"]["Gid"][0]), int(ob[0]["value"]["Gid"][0])
+    assert (gid_a, gid_b) == (LEASED[0], LEASED[0] + leases.BLOCK), (oa, ob)   # a block each, the lowest free
+    assert oa[0]["value"]["Uid"] == ob[0]["value"]["Uid"], (oa, ob)           # the premise: one uid
+    assert oa.errname(1) == ob.errname(1) == "EPERM", (oa, ob)
+    for sv, gid in ((one, gid_a), (two, gid_b)):
+        assert f"session gids {gid}-{gid + leases.BLOCK - 1}, leased of --session-gids {gids}" in sv.log()
+
+    third = supervisor("three")
+    refused = subprocess.run(third.argv, cwd=REPO, env=third.env, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=20)
+    assert refused.returncode == 2 and f"--session-gids {gids}: none of its 2 run(s)" in refused.stderr, refused
+    assert not third.socket_path.exists()
+    one.stop()
+    third.start()
+    o = attack(third.client, "probe", [["ids"]])
+    assert int(o[0]["value"]["Gid"][0]) == gid_a, o
+
+
+@pytest.mark.timeout(30)
+def test_a_block_a_live_process_has_a_gid_of_is_not_leased(lab):
+    """What a supervisor that crashed left (a process with a session gid
+    of its block) keeps that block from the next supervisor on the range,
+    until it is gone: no lease is taken on a gid still in use."""
+    lab.stock()
+    gid = LEASED[0]
+    holder = subprocess.Popen(["sleep", "60"], group=gid, env={"LLS_TEST_TAG": lab.tag})
+    try:
+        sv = lab.supervisor(extra=["--session-gids", f"{gid}-{gid}"])
+        refused = subprocess.run(sv.argv, cwd=REPO, env=sv.env, stdin=subprocess.DEVNULL, capture_output=True,
+                                 text=True, timeout=20)
+        assert refused.returncode == 2 and "a process still has one of its gids" in refused.stderr, refused
+    finally:
+        holder.kill()
+        holder.wait()
+    sv.start()
+    assert run(sv.client, "true").code == 0
 
 
 @pytest.mark.timeout(40)
