@@ -41,7 +41,8 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                        help="uids a root supervisor gives `user: dynamic` manifests (default %(default)s), "
                             f"recorded for the whole host in {HOST_TABLE}")
     serve.add_argument("--session-gids", metavar="FIRST-LAST", default="%d-%d" % DEFAULT_SESSION_GIDS,
-                       help="a root supervisor's per-session gids (default %(default)s)")
+                       help="a root supervisor's per-session gids (default %(default)s), of which it hands "
+                            "out only the lowest blocks of 1024 that no other root supervisor on the host holds")
     serve.add_argument("--max-connections", type=int, default=512, metavar="N",
                        help="open connections in all (default 512); the last 32 are kept for the supervisor's "
                             "own uid, as are its last file descriptors")
