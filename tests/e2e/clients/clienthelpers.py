@@ -9,7 +9,7 @@ its own daemon:
 - root: the daemon is `serve --socket ROOT/run/sock` (never the host's
   /run/landlock-supervisor), the servers run as dynamic uids; private mode
   gets `--state-root` (never /var/lib/landlock-supervisor).
-- user: a uid of 64000-64999 that nothing uses (no account, no process, no
+- user: a uid of 64700-64999 that nothing uses (no account, no process, no
   /run/user/UID). It gets /run/user/UID (0700, as logind makes it) and a
   home; its daemon is `serve` with no --socket, so that both `serve` and
   `run` find the socket there with no XDG_RUNTIME_DIR (clients drop it);
@@ -79,13 +79,19 @@ def _uids_in_use() -> set[int]:
     return uids
 
 
+# The suite's fixed uids lie below (64050-64199: tests/security's dedicated
+# ones, which it checks no process has when it starts, and others): a uid
+# drawn among them, whose daemon lives for the session, would be one of theirs.
+FREE_UIDS = range(64700, 65000)
+
+
 def free_uid() -> int:
-    """A uid of 64000-64999 that no account, no group, no process and no
+    """A uid of FREE_UIDS that no account, no group, no process and no
     /run/user directory uses."""
     import grp
     import pwd
     busy = _uids_in_use()
-    candidates = list(range(64000, 65000))
+    candidates = list(FREE_UIDS)
     random.shuffle(candidates)
     for uid in candidates:
         if uid in busy or os.path.lexists(f"/run/user/{uid}"):
@@ -101,7 +107,7 @@ def free_uid() -> int:
         except KeyError:
             pass
         return uid
-    raise AssertionError("no free uid in 64000-64999")
+    raise AssertionError(f"no free uid in {FREE_UIDS.start}-{FREE_UIDS.stop - 1}")
 
 
 # ---- one identity's world ---------------------------------------------------------
