@@ -14,11 +14,11 @@ move wakes a process: the child's pipes are widened to 1 MiB and our own
 stdin and stdout, where they are pipes, to 256 KiB (the client's: they
 count against its uid's pipe pages, so a quarter; never shrunk), where
 this user may. A 5 MiB round trip still costs a process hop: +50-68%
-against direct pipes to a client that only moves bytes, +5-6% to the
+against direct pipes to a client that only moves bytes, +4.6-5.9% to the
 official SDK, whose own reading dominates (docs/performance.md, "Fourth
-pass"). A chunk moved is followed by the next
-without a select() in between where that cannot block (never from a
-terminal), and not after a short one (the next would find src empty).
+pass"). A chunk moved is followed by the next without a select() in
+between where that cannot block (never from a terminal), and not after a
+short one (the next would find src empty).
 A splice asks for as much as the child's pipe holds: one move takes all
 that is there (each move wakes the other end), where a read takes 64 KiB
 (its buffer is made for each read).

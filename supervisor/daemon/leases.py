@@ -68,7 +68,7 @@ def lease(gids: Gids, children: int) -> tuple[Gids, list[int]]:
             protocol.close_all(fds)
     finally:
         os.close(directory)
-    raise ids.IdError(f"--session-gids {gids[0]}-{gids[1]}: none of its {count} run(s) of {wanted(children)} "
+    raise ids.IdError(f"--session-gids {gids[0]}-{gids[1]}: none of its {count} run(s) of up to {wanted(children)} "
                       f"block(s) of {BLOCK} gids is free: each is another running supervisor's, or a process "
                       "still has one of its gids. Give this supervisor a range of its own")
 

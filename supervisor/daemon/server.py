@@ -56,7 +56,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     allow_root_servers: bool = False   # load manifests that run as uid 0 (allow_root, user: root)
     dynamic_uids: tuple[int, int] = ids.DEFAULT_DYNAMIC_UIDS
-    session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids
+    session_gids: tuple[int, int] | None = None   # a root supervisor's per-session gids (leased: serve.main)
     only: str | None = None         # private mode for one server: load that manifest alone
     dynamic_uids_of: str | None = None   # the state root whose dynamic uids its manifests take (None: its own)
     pool_idle: float | None = None  # seconds without a spawn before a `pool: auto` pool is drained;

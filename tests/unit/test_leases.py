@@ -54,7 +54,6 @@ def test_lease_takes_the_lowest_free_run_and_holds_it(table):
         assert gids == (FREE[0], FREE[0] + B - 1)
         assert sorted(os.listdir(table)) == [f"session-gids.{FREE[0]}.lock"]
         assert all(os.get_inheritable(fd) is False for fd in fds)
-        assert oct(os.stat(table).st_mode & 0o777) == "0o755"
         # Held: another open file description cannot lock it.
         other = os.open(table / f"session-gids.{FREE[0]}.lock", os.O_RDWR)
         with pytest.raises(BlockingIOError):
@@ -64,7 +63,7 @@ def test_lease_takes_the_lowest_free_run_and_holds_it(table):
         second, more = leases.lease(FREE, 256)
         third, most = leases.lease(FREE, 1)
         assert second == (FREE[0] + B, FREE[0] + 2 * B - 1) and third == (FREE[0] + 2 * B, FREE[1])
-        with pytest.raises(ids.IdError, match=r"--session-gids \d+-\d+: none of its 3 run\(s\) of 1 block"):
+        with pytest.raises(ids.IdError, match=r"--session-gids \d+-\d+: none of its 3 run\(s\) of up to 1 block"):
             leases.lease(FREE, 1)
         for fd in more + most:
             os.close(fd)
