@@ -17,6 +17,9 @@ its own daemon:
 - user-noruntime: another such uid without /run/user/UID (su -, ssh
   without logind, containers, CI): `serve` and `run` meet in the fallback,
   /tmp/landlock-supervisor-UID/socket, with the same client configs.
+- root-warm: root again, its daemon serving the examples with `warm: 1`
+  each: the clients' sessions are warm servers handed over and relayed by
+  `run` (but where the client passes arguments of its own: fresh).
 
 Every client runs with only HOME, LOGNAME, PATH, SHELL, TERM, USER (what the
 SDKs pass on) plus the config's `env`. The npm and uv caches are seeded into
@@ -115,10 +118,12 @@ def free_uid() -> int:
 class Identity:
     """Files, a daemon and the client environment of root or of a plain uid."""
 
-    def __init__(self, kind: str, root: Path, uid: int, runtime: bool = True) -> None:
+    def __init__(self, kind: str, root: Path, uid: int, runtime: bool = True, warm: bool = False) -> None:
         """runtime=False: a plain uid without /run/user/UID (su -, ssh without
-        logind, containers, CI): its daemon's socket is the fallback in /tmp."""
+        logind, containers, CI): its daemon's socket is the fallback in /tmp.
+        warm: its daemon's manifests are the examples with `warm: 1`."""
         self.kind, self.dir, self.uid = kind, root, uid
+        self.manifests = root / "warm-manifests" if warm else EXAMPLES
         self.home = root / "home" if uid else Path("/root")
         self.projects = root / "projects"
         self.secret = root / "secret"
@@ -143,6 +148,10 @@ class Identity:
         self.private_state.mkdir(parents=True)
         seed_caches(self.daemon_state)
         seed_caches(self.private_state)
+        if self.manifests != EXAMPLES:
+            self.manifests.mkdir()
+            for path in EXAMPLES.glob("*.yaml"):
+                (self.manifests / path.name).write_text(path.read_text() + "\nwarm: 1\n")
         if self.uid == 0:
             # The servers run as dynamic uids: what they write must be theirs to write.
             subprocess.run(["chmod", "-R", "a+rwX", str(self.projects), str(self.repo)], check=True)
@@ -179,10 +188,12 @@ class Identity:
         argv = [str(SUPERVISOR)]
         if self.uid == 0:
             argv += ["--socket", str(self.socket)]
-        argv += ["serve", "--manifests", str(EXAMPLES), "--state-root", str(self.daemon_state), "--grace", "1"]
+        argv += ["serve", "--manifests", str(self.manifests), "--state-root", str(self.daemon_state), "--grace", "1"]
         if allow_uid is not None:
             argv += ["--allow-uid", str(allow_uid)]
         env = {**self.client_env(), **self.server_env()}
+        if self.manifests != EXAMPLES:
+            env["LANDLOCK_SUPERVISOR_POOL_IDLE"] = "3600"   # none drained between the tests that use them
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=log, start_new_session=True, **self.popen_kwargs())
@@ -200,12 +211,23 @@ class Identity:
         return json.loads(p.stdout)
 
     def daemon_children(self, wait: float = 5.0) -> list[Any]:
-        """The daemon's running children, once they have had `wait` s to go."""
+        """The daemon's running children but its warm servers, once they have had `wait` s to go."""
         deadline = time.monotonic() + wait
         while True:
-            children = self.supervisor("list")["children"]
+            children = [c for c in self.supervisor("list")["children"] if not c.get("warm")]
             if not children or time.monotonic() > deadline:
                 return children
+            time.sleep(0.1)
+
+    def warm_servers(self, names: Sequence[str], timeout: float = 180.0) -> dict[str, int]:
+        """Each name's warm server, once every one of them has one ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            warm = self.supervisor("stats")["warm"]
+            if all(warm.get(n) for n in names):
+                return {n: warm[n][0] for n in names}
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no warm server ready in {timeout:g} s: {warm}\n{self.log_text()}")
             time.sleep(0.1)
 
     def stop(self) -> int | None:
@@ -228,17 +250,22 @@ class Identity:
 
     def leftovers(self) -> list[str]:
         """Processes of this identity's world still alive: any whose command
-        line names one of its directories (the daemon aside)."""
+        line names one of its directories (the daemon and its warm servers,
+        each leading a session of its own, aside)."""
         needle = str(self.dir).encode()
         out = []
         daemon = self.proc.pid if self.proc else -1
+        warm = {c["pid"] for c in self.supervisor("list")["children"] if c.get("warm")}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == daemon:
                 continue
             try:
                 cmdline = (entry / "cmdline").read_bytes()
                 environ = (entry / "environ").read_bytes()
-            except OSError:
+                sid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[3])
+            except (OSError, IndexError, ValueError):
+                continue
+            if sid in warm:
                 continue
             if needle in cmdline or needle in environ:
                 line = cmdline.replace(b"\0", b" ").decode(errors="replace")

@@ -22,7 +22,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a client test of several seconds (deselect with -m 'not slow')")
 
 
-def _identity(kind: str, uid: int, allow_uid: int | None = None, runtime: bool = True) -> Iterator[Identity]:
+def _identity(kind: str, uid: int, allow_uid: int | None = None, runtime: bool = True,
+              warm: bool = False) -> Iterator[Identity]:
     if os.geteuid() != 0:
         pytest.skip("the client tests switch uids: run them as root (scripts/test does)")
     problem = servers_problem() or clients_problem()
@@ -32,7 +33,7 @@ def _identity(kind: str, uid: int, allow_uid: int | None = None, runtime: bool =
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.statvfs("/dev/shm").f_flag & os.ST_NOEXEC else "/tmp"
     root = Path(tempfile.mkdtemp(prefix=f"llsv-clients-{kind}-", dir=base))
     root.chmod(0o755)
-    ident = Identity(kind, root, uid, runtime)
+    ident = Identity(kind, root, uid, runtime, warm)
     try:
         ident.build()
         ident.start_daemon(allow_uid)
@@ -66,6 +67,13 @@ def root_identity(plain_uid: int) -> Iterator[Identity]:
 
 
 @pytest.fixture(scope="session")
+def warm_identity(plain_uid: int) -> Iterator[Identity]:
+    """Root's world again, its daemon keeping a warm server of every example
+    (and serving the plain user too)."""
+    yield from _identity("root-warm", 0, allow_uid=plain_uid, warm=True)
+
+
+@pytest.fixture(scope="session")
 def user_identity(plain_uid: int) -> Iterator[Identity]:
     yield from _identity("user", plain_uid)
 
@@ -81,6 +89,7 @@ def noruntime_identity(plain_uid: int) -> Iterator[Identity]:
 @pytest.fixture(scope="session")
 def identities(request: pytest.FixtureRequest) -> Mapping[str, Any]:
     return {"root": lambda: request.getfixturevalue("root_identity"),
+            "root-warm": lambda: request.getfixturevalue("warm_identity"),
             "user": lambda: request.getfixturevalue("user_identity"),
             "user-noruntime": lambda: request.getfixturevalue("noruntime_identity")}
 

@@ -1,6 +1,7 @@
 """The official TypeScript SDK and the MCP Inspector CLI (0.15 and 2.12) start
 one plain (node) and one npx server through `landlock-supervisor run`, in
-daemon and private mode, as root and as a plain user, on the node of
+daemon and private mode, as root and as a plain user (the SDK also of a
+root daemon's warm servers), on the node of
 scripts/install-clients (the npm registry's node 22 when the system's is
 older), first on the client's PATH as its user would have it.
 
@@ -24,7 +25,7 @@ from clienthelpers import HERE, PATH, TIMEOUT, Identity, clients_env, run_client
 from scenarios import Call, check_session, scenario, session_spec  # noqa: E402
 
 MODES = [("root", "daemon"), ("root", "private"), ("user", "daemon"), ("user", "private")]
-MODE_IDS = [f"{k}-{m}" for k, m in MODES]
+SDK_MODES = [*MODES, ("root-warm", "daemon")]   # (warm servers: the SDK's session, relayed by `run`)
 SERVERS = ("filesystem", "everything-npx")    # one plain node server, one npx server
 INSPECTORS = {"0.15": "@modelcontextprotocol/inspector-cli/build/cli.js",
               "2.12": "@modelcontextprotocol/inspector/clients/launcher/build/index.js"}
@@ -39,9 +40,10 @@ def node_env(ident: Identity) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind,mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("kind,mode", SDK_MODES, ids=[f"{k}-{m}" for k, m in SDK_MODES])
 def test_typescript_sdk(identities: Any, unlisted: Any, kind: str, mode: str) -> None:
     ident: Identity = identities[kind]()
+    warm = ident.warm_servers(SERVERS) if kind == "root-warm" else {}
     tag = f"{kind}-{mode}-ts"
     scenarios = {n: scenario(n, ident, unlisted.port, tag) for n in SERVERS}
     spec = {"timeout": TIMEOUT, "sessions": {n: session_spec(ident, mode, sc) for n, sc in scenarios.items()}}
@@ -61,6 +63,10 @@ def test_typescript_sdk(identities: Any, unlisted: Any, kind: str, mode: str) ->
     assert unlisted.accepted == before
     assert ident.daemon_children() == []
     assert ident.leftovers() == []
+    if warm:
+        # Each server's warm one was handed over (gone now), but filesystem's: the client passes it arguments.
+        after = ident.warm_servers(SERVERS)
+        assert {n: warm[n] == after[n] for n in SERVERS} == {n: bool(scenarios[n].client_args) for n in SERVERS}
 
 
 # ---- the Inspector CLI ------------------------------------------------------------

@@ -3,7 +3,10 @@ venv) starts every example server through `landlock-supervisor run NAME`, in
 daemon and private mode, as root and as a plain user, with the environment
 the SDK gives (HOME, LOGNAME, PATH, SHELL, TERM, USER plus the config's env):
 initialize, tools/list, real calls, a kernel denial with the session alive
-after it, and nothing left running once the client has closed.
+after it, and nothing left running once the client has closed; and the
+same sessions of warm servers, handed over by a root daemon to `run` as
+root and as a plain user (each session the warm one, but where the client
+passes arguments of its own: a fresh spawn).
 
 One driver process per (identity, mode) runs the ten sessions one after the
 other (the SDK's import is the costly part); each session is its own test."""
@@ -20,20 +23,25 @@ sys.path.insert(0, os.path.dirname(__file__))
 from clienthelpers import CLIENTS, HERE, TIMEOUT, Identity, run_client  # noqa: E402
 from scenarios import ALL, check_session, scenario, session_spec  # noqa: E402
 
-MODES = [("root", "daemon"), ("root", "private"), ("user", "daemon"), ("user", "private")]
-_results: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
+MODES = [("root", "daemon"), ("root", "private"), ("user", "daemon"), ("user", "private"),
+         ("root-warm", "daemon"), ("user-warm", "daemon")]
+# user-warm: the plain user's client of root-warm's daemon (`run --socket`; --allow-uid), as users of a
+# system-wide supervisor are: the world and the daemon of one identity, the client another's.
+SERVED_BY = {"user-warm": "root-warm"}
+# By (kind, mode): the driver's results, its stderr, and each server's warm one before it ran (root-warm's).
+_results: dict[tuple[str, str], tuple[dict[str, Any], str, dict[str, int]]] = {}
 
 
-def drive(ident: Identity, mode: str, port: int, names: tuple[str, ...] = ALL) -> tuple[dict[str, Any], str]:
-    """Run the Python SDK's driver once for NAMES; (results by name, stderr)."""
-    tag = f"{ident.kind}-{mode}-py"
+def drive(ident: Identity, mode: str, port: int, client: Identity, tag: str) -> tuple[dict[str, Any], str]:
+    """Run the Python SDK's driver once, as `client`, for every server of
+    IDENT's world and daemon; (results by name, stderr)."""
     spec = {"timeout": TIMEOUT,
-            "sessions": {n: session_spec(ident, mode, scenario(n, ident, port, tag)) for n in names}}
-    path = ident.dir / f"{tag}.json"
+            "sessions": {n: session_spec(ident, mode, scenario(n, ident, port, tag)) for n in ALL}}
+    path = client.dir / f"{tag}.json"
     path.write_text(json.dumps(spec))
     path.chmod(0o644)
-    p = run_client(ident, [str(CLIENTS / "py" / "bin" / "python"), str(HERE / "driver.py"), str(path)],
-                   ident.client_env(), timeout=60 + 20 * len(names))
+    p = run_client(client, [str(CLIENTS / "py" / "bin" / "python"), str(HERE / "driver.py"), str(path)],
+                   client.client_env(), timeout=60 + 20 * len(ALL))
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 0 and p.stdout.strip(), f"the driver exited {p.returncode}:\n{err[-3000:]}"
     return json.loads(p.stdout), err
@@ -41,10 +49,12 @@ def drive(ident: Identity, mode: str, port: int, names: tuple[str, ...] = ALL) -
 
 @pytest.fixture
 def py_results(identities: Any, unlisted: Any, request: pytest.FixtureRequest) -> Any:
-    def get(kind: str, mode: str) -> tuple[Identity, dict[str, Any], str]:
-        ident = identities[kind]()
+    def get(kind: str, mode: str) -> tuple[Identity, dict[str, Any], str, dict[str, int]]:
+        ident = identities[SERVED_BY.get(kind, kind)]()
         if (kind, mode) not in _results:
-            _results[kind, mode] = drive(ident, mode, unlisted.port)
+            client = identities["user"]() if kind in SERVED_BY else ident
+            warm = ident.warm_servers(ALL) if ident.kind == "root-warm" else {}
+            _results[kind, mode] = (*drive(ident, mode, unlisted.port, client, f"{kind}-{mode}-py"), warm)
         return (ident, *_results[kind, mode])
     return get
 
@@ -54,13 +64,17 @@ def py_results(identities: Any, unlisted: Any, request: pytest.FixtureRequest) -
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("kind,mode", MODES, ids=[f"{k}-{m}" for k, m in MODES])
 def test_python_sdk_session(py_results: Any, unlisted: Any, kind: str, mode: str, name: str) -> None:
-    ident, results, stderr = py_results(kind, mode)
+    ident, results, stderr, warm = py_results(kind, mode)
     before = unlisted.accepted
     where = f"{kind}/{mode}/{name}"
     sc = scenario(name, ident, unlisted.port, f"{kind}-{mode}-py")
     check_session(sc, results[name], f"{where} (client stderr: {stderr[-1500:]})")
     assert results[name]["leftover"] == [], f"{where}: left running after the client closed: {results[name]}"
     assert unlisted.accepted == before
+    if warm:
+        # The session was the server kept warm (handed over: no longer one, ended with its session), but
+        # where the client passed arguments of its own (a fresh spawn: the warm one still waits).
+        assert (warm[name] in ident.warm_servers(ALL).values()) == bool(sc.client_args), (where, warm)
 
 
 @pytest.mark.slow
@@ -69,7 +83,7 @@ def test_python_sdk_session(py_results: Any, unlisted: Any, kind: str, mode: str
 def test_python_sdk_leaves_nothing(py_results: Any, kind: str, mode: str) -> None:
     """After the ten sessions: the daemon has no child, and no process of
     this world is left (a private supervisor, a server, a `run`)."""
-    ident, results, _ = py_results(kind, mode)
+    ident, results, _, _ = py_results(kind, mode)
     assert ident.daemon_children() == []
     assert ident.leftovers() == []
     # The denials were the kernel's: the session went on after each one.
