@@ -150,8 +150,9 @@ class Identity:
         seed_caches(self.private_state)
         if self.manifests != EXAMPLES:
             self.manifests.mkdir()
+            # None replaced for its age while a test compares the warm servers before and after its sessions.
             for path in EXAMPLES.glob("*.yaml"):
-                (self.manifests / path.name).write_text(path.read_text() + "\nwarm: 1\n")
+                (self.manifests / path.name).write_text(path.read_text() + "\nwarm: 1\nwarm_max_age: 86400\n")
         if self.uid == 0:
             # The servers run as dynamic uids: what they write must be theirs to write.
             subprocess.run(["chmod", "-R", "a+rwX", str(self.projects), str(self.repo)], check=True)
