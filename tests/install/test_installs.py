@@ -4,8 +4,9 @@ run (PyYAML and python-prctl compiled once): `pip install .`, `pip install
 -e .` (setuptools' import hook), its compat mode, a wheel, `pipx install`
 and `uv tool install` of that wheel, and `./scripts/setup`. In each, as root
 and as a plain uid, from an unrelated working directory: landlock-exec
-(flags and the Go wrapper protocol), check, serve with run (daemon) and
-denials, run (private), learn, and a proxy's supervisor.start().
+(flags and the Go wrapper protocol), check, serve with run (daemon; as
+root, of a warm server too) and denials, run (private), learn, and a
+proxy's supervisor.start().
 
 All of them run in every mode, no subset: 1.5-2.5 minutes on 2 shared
 cores, ~20 s of it the wheelhouse with pip's cache warm (`-m install`
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ class House:
     wheelhouse: Path
     wheel: Path        # ours, built once
     manifests: Path
+    warm: Path         # a manifest keeping a warm server: a root supervisor's only
     server: Path       # learn's tiny MCP server
 
 
@@ -102,10 +105,12 @@ def built_house() -> Iterator[House]:
         (manifests / "echo.yaml").write_text(
             "command: /bin/echo\nargs: [confined]\nclient_args: true\nallow_root: true\npool: 0\n"
             "sandbox: {profiles: [system]}\n")
+        warm = base / "warm.yaml"
+        warm.write_text("command: /bin/cat\nuser: nobody\nwarm: 1\nsandbox: {profiles: [system]}\n")
         server = base / "srv" / "tiny.py"
         server.parent.mkdir()
         server.write_text(SERVER)
-        yield House(base, src, wheelhouse, wheel, manifests, server)
+        yield House(base, src, wheelhouse, wheel, manifests, warm, server)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -187,11 +192,24 @@ def _as(house: House, uid: int) -> As:
     return As(uid, home, env)
 
 
+def _warm_server(who: As, exe: str, socket: Path) -> int:
+    """The pid of the warm server of house.warm, once one is ready."""
+    for _ in range(200):
+        r = who.run([exe, "--socket", str(socket), "stats"])
+        _check(r)
+        pids = json.loads(r.stdout)["warm"].get("warm")
+        if pids:
+            return int(pids[0])
+        time.sleep(0.05)
+    raise AssertionError("no warm server ready in 10 s")
+
+
 def _exercise(inst: Installed, who: As, house: House) -> None:
     exe = str(inst.bin / "landlock-supervisor")
     state = str(who.home / "state")
     # Root's would be the host's /var/lib/landlock-supervisor; a user's is under HOME.
     root_args = ["--allow-root-servers", "--state-root", state] if who.uid == 0 else []
+    warm_args = ["--manifests", str(house.warm)] if who.uid == 0 else []
     # landlock-exec, flags and the Go package's wrapper protocol.
     r = who.run([str(inst.bin / "landlock-exec"), "--rox", "/usr,/lib,/lib64", "--ro", "/etc/hostname", "--",
                  "cat", "/etc/hostname"])
@@ -205,7 +223,8 @@ def _exercise(inst: Installed, who: As, house: House) -> None:
     assert r.returncode == 0, r
     # serve, then run and denials against it.
     socket = who.home / "run" / "socket"
-    serve = who.popen([exe, "--socket", str(socket), "serve", "--manifests", str(house.manifests), *root_args])
+    serve = who.popen([exe, "--socket", str(socket), "serve", "--manifests", str(house.manifests), *warm_args,
+                       *root_args])
     try:
         r = who.run([exe, "ping", "--socket", str(socket)])   # (it may still be starting: ping waits)
         for _ in range(100):
@@ -215,6 +234,11 @@ def _exercise(inst: Installed, who: As, house: House) -> None:
         assert r.returncode == 0, (r, serve.poll())
         r = who.run([exe, "run", "--socket", str(socket), "echo", "daemon"])
         assert (r.returncode, r.stdout) == (0, "confined daemon\n"), r
+        if warm_args:   # a warm server handed over, relayed by run (supervisor/client/relay.py)
+            ready = _warm_server(who, exe, socket)
+            r = who.run([exe, "run", "--socket", str(socket), "warm"], input="relayed\n")
+            assert (r.returncode, r.stdout) == (0, "relayed\n") and "Traceback" not in r.stderr, r
+            assert _warm_server(who, exe, socket) != ready, "run's session was not the warm server"
         r = who.run([exe, "denials", "--socket", str(socket)])
         assert r.returncode == 0 and "Traceback" not in r.stderr, r
     finally:
