@@ -126,15 +126,16 @@ def openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int:
     return _check(_openat2(_NR_OPENAT2, dir_fd, os.fsencode(path), how, ctypes.sizeof(OpenHow)), "openat2")
 
 
-# Numbers that differ between architectures: (keyctl, add_key, ioprio_set, ioprio_get).
+# Numbers that differ between architectures: (keyctl, add_key, ioprio_set, ioprio_get, sched_setattr,
+# sched_getattr).
 _PER_MACHINE = {
-    "x86_64": (250, 248, 251, 252),
-    "aarch64": (219, 217, 30, 31),
-    "riscv64": (219, 217, 30, 31),
-    "ppc64le": (280, 269, 273, 274),
-    "i686": (288, 286, 289, 290),
-    "i386": (288, 286, 289, 290),
-    "armv7l": (311, 309, 314, 315),
+    "x86_64": (250, 248, 251, 252, 314, 315),
+    "aarch64": (219, 217, 30, 31, 274, 275),
+    "riscv64": (219, 217, 30, 31, 274, 275),
+    "ppc64le": (280, 269, 273, 274, 355, 356),
+    "i686": (288, 286, 289, 290, 351, 352),
+    "i386": (288, 286, 289, 290, 351, 352),
+    "armv7l": (311, 309, 314, 315, 380, 381),
 }.get(os.uname().machine)
 
 KEYCTL_GET_KEYRING_ID = 0
@@ -176,6 +177,33 @@ def ioprio_get(who: int = 0) -> int:
 def ioprio_set(ioprio: int, who: int = 0) -> None:
     _check(_syscall(ctypes.c_long(_number(2, "ioprio_set")), ctypes.c_int(IOPRIO_WHO_PROCESS),
                     ctypes.c_int(who), ctypes.c_int(ioprio)), "ioprio_set")
+
+
+class SchedAttr(ctypes.Structure):
+    """struct sched_attr as Linux 5.3 made it (SCHED_ATTR_SIZE_VER1: the utilization clamps)."""
+    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
+                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
+                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64),
+                ("util_min", ctypes.c_uint32), ("util_max", ctypes.c_uint32)]
+
+
+SCHED_FLAG_RESET_ON_FORK = 0x01
+
+
+def sched_getattr(pid: int) -> SchedAttr:
+    """What sched_getattr(2) says of pid: beyond sched_getscheduler and
+    getpriority, a fair task's time slice (`runtime`, Linux 6.12) and its
+    utilization clamps (0 where the kernel has none)."""
+    attr = SchedAttr()
+    _check(_syscall(_number(5, "sched_getattr"), pid, ctypes.byref(attr), ctypes.sizeof(attr), 0), "sched_getattr")
+    return attr
+
+
+def sched_setattr(policy: int, flags: int, nice: int) -> None:
+    """sched_setattr(2) of this thread to a fair policy: its nice, and no
+    time slice of its own (runtime 0: the kernel's default, Linux 6.12)."""
+    attr = SchedAttr(size=ctypes.sizeof(SchedAttr), policy=policy, flags=flags, nice=nice)
+    _check(_syscall(_number(4, "sched_setattr"), 0, ctypes.byref(attr), 0), "sched_setattr")
 
 
 def tcgetsid(fd: int) -> int:

@@ -11,42 +11,56 @@ import resource
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass
 
-from landlock import enter
+from landlock import enter, syscalls
 
 from . import procfs
 from ..zygote.pools import proc_limits
 
-_SCHED_RESET_ON_FORK = 0x40000000
-_KEPT_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
-# procfs.parse_stat's indexes of nice and policy (proc_pid_stat(5)'s fields 19
-# and 41; the policy without SCHED_RESET_ON_FORK, which a fork clears)
-_NICE, _POLICY = 16, 38
+_SCHED_RESET_ON_FORK = 0x40000000   # (sched_getscheduler's bit; sched_getattr's SCHED_FLAG_RESET_ON_FORK)
+_FAIR = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
+# A child's utilization clamps after a fork that resets them (uclamp_none:
+# 0 and SCHED_CAPACITY_SCALE), or what sched_getattr says of every task on a
+# kernel without them (no CONFIG_UCLAMP_TASK, whose sysctl this is).
+CLAMPS_RESET = (0, 1024) if os.path.exists("/proc/sys/kernel/sched_util_clamp_max") else (0, 0)
 
 
 @dataclass(frozen=True)
 class Scheduling:
-    """What another process of the server's uid could change while it waits."""
+    """What another process of the server's uid could change while it waits
+    (the scheduler's calls and ioprio_set check uids only)."""
     policy: int
     nice: int
     affinity: frozenset[int]
-    ioprio: int = -1   # (ioprio_set checks uids only, as renice does)
+    ioprio: int = -1
+    slice: int = 0                     # a fair task's time slice, ns (0: not compared)
+    clamps: tuple[int, int] = (0, 0)   # utilization clamps, min and max
 
 
-def as_forked(policy: int, nice: int, affinity: frozenset[int], ioprio: int = -1) -> Scheduling:
-    """A child's scheduling, forked by a zygote with these: its
-    SCHED_RESET_ON_FORK makes a real-time or deadline policy SCHED_OTHER
-    and a negative nice 0 (zygote.main._reset_scheduling); the child's
-    own steps make a real-time I/O class best-effort (enter.reset_io_priority)."""
+def as_forked(zygote: Scheduling, clamps_reset: tuple[int, int] = CLAMPS_RESET) -> Scheduling:
+    """A child's scheduling, forked by a zygote with these. The zygote's
+    SCHED_RESET_ON_FORK (zygote.main._reset_scheduling) gives the child of
+    a real-time or deadline zygote SCHED_OTHER and a nice of 0, of a fair
+    one its policy and a nice of at least 0, and either the kernel's
+    default time slice (the zygote's own: it drops any of its own at start;
+    under a real-time zygote not known, and not compared) and no
+    utilization clamps; the child's own steps make a real-time I/O class
+    best-effort (enter.reset_io_priority)."""
+    policy, nice, affinity, ioprio, slice_, clamps = astuple(zygote)
     ioprio = enter.io_priority_after_reset(ioprio) if ioprio >= 0 else ioprio
     if not policy & _SCHED_RESET_ON_FORK:
-        return Scheduling(policy, nice, affinity, ioprio)
+        return Scheduling(policy, nice, affinity, ioprio, slice_, clamps)
     policy &= ~_SCHED_RESET_ON_FORK
-    return Scheduling(policy if policy in _KEPT_POLICIES else os.SCHED_OTHER, max(nice, 0), affinity, ioprio)
+    if policy in _FAIR:
+        return Scheduling(policy, max(nice, 0), affinity, ioprio, slice_, clamps_reset)
+    return Scheduling(os.SCHED_OTHER, 0, affinity, ioprio, 0, clamps_reset)
 
 
 def scheduling_of(pid: int) -> Scheduling:
-    return Scheduling(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid),
-                      frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid))
+    attr = syscalls.sched_getattr(pid)
+    policy = attr.policy | (_SCHED_RESET_ON_FORK if attr.flags & syscalls.SCHED_FLAG_RESET_ON_FORK else 0)
+    nice = os.getpriority(os.PRIO_PROCESS, pid)   # (sched_getattr gives a real-time task's as 0)
+    return Scheduling(policy, nice, frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid),
+                      attr.runtime if attr.policy in _FAIR else 0, (attr.util_min, attr.util_max))
 
 
 def _below(soft: int, floor: int) -> bool:
@@ -104,7 +118,9 @@ class Forked:
 
     def tampered(self) -> str | None:
         """Why it is not as it was forked, or None; any failure to look is
-        a reason. Its state, nice and policy from /proc/PID/stat."""
+        a reason. Its state from /proc/PID/stat, its policy, nice, slice
+        and clamps from one sched_getattr (a real-time policy, which would
+        show a nice of 0, is no policy it was forked with)."""
         try:
             fields = procfs.parse_stat(os.pread(self.fds[0], 4096, 0))
         except (OSError, IndexError, ValueError):
@@ -114,8 +130,9 @@ class Forked:
             return f"it is in state {state or 'gone'} (stopped, traced or dead)"
         try:
             why = limits_tampered(parse_limits(os.pread(self.fds[1], 8192, 0)), self.limits)
-            now = (int(fields[_POLICY]), int(fields[_NICE]), frozenset(os.sched_getaffinity(self.pid)),
-                   enter.io_priority_of(self.pid))
+            attr = syscalls.sched_getattr(self.pid)
+            now = (attr.policy, attr.nice, frozenset(os.sched_getaffinity(self.pid)), enter.io_priority_of(self.pid),
+                   attr.runtime if self.scheduling.slice else 0, (attr.util_min, attr.util_max))
         except (OSError, IndexError, ValueError) as e:
             return f"it cannot be looked at: {e}"
         if why is None and now != self.as_tuple:

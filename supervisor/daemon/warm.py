@@ -250,8 +250,7 @@ class WarmServers:
         zygote = self.zygote_pid()
         if zygote is None:
             raise OSError(0, "the zygote is not running")
-        scheduling = scheduling_of(zygote)
-        scheduling = as_forked(scheduling.policy, scheduling.nice, scheduling.affinity, scheduling.ioprio)
+        scheduling = as_forked(scheduling_of(zygote))
         limits = limits_of(zygote)
         limits.update({res: (soft, hard) for res, soft, hard in launch.confinement.entry.rlimits})
         return Forked(pid, limits, scheduling)

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 import prctl
 
-from landlock import enter
+from landlock import enter, syscalls
 
 from . import canary as canary_file, child, messages
 from .messages import Drain, Forked, ForkFailed, Pool, Pooled, PoolFailed, Ready, Refill, Spawn, Unused
@@ -231,14 +231,19 @@ def _reset_scheduling() -> bool:
     """No child starts real-time, deadline or with a negative nice
     (SCHED_RESET_ON_FORK on ourselves, our own policy kept: the flag can be
     set unprivileged), nor with a real-time I/O class (ours made
-    best-effort: children inherit it). Returns whether helpers help:
+    best-effort: children inherit it). A fair zygote also drops a time
+    slice of its own, which its children lose at fork: what it shows is
+    then theirs (tamper.as_forked). Returns whether helpers help:
     woken by the exec, a helper must not preempt it; SCHED_BATCH does that
     for SCHED_OTHER, which every child of a normal or real-time zygote has.
     A BATCH or IDLE zygote's children keep its policy: a BATCH helper would
     not help there."""
     policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
     try:
-        os.sched_setscheduler(0, policy | os.SCHED_RESET_ON_FORK, os.sched_getparam(0))
+        if policy in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE):
+            syscalls.sched_setattr(policy, syscalls.SCHED_FLAG_RESET_ON_FORK, os.getpriority(os.PRIO_PROCESS, 0))
+        else:
+            os.sched_setscheduler(0, policy | os.SCHED_RESET_ON_FORK, os.sched_getparam(0))
     except OSError as e:  # a deadline task cannot be set this way: it says so
         os.write(2, f"landlock-supervisor zygote: cannot set SCHED_RESET_ON_FORK: {e}\n".encode())
     try:

@@ -17,6 +17,7 @@ import json
 import os
 import resource
 import socket
+import struct
 import sys
 import termios
 import time
@@ -630,6 +631,23 @@ def op_sched_attack_from(path):
     os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     return {"nice": os.getpriority(os.PRIO_PROCESS, pid), "policy": os.sched_getscheduler(pid),
             "cpus": sorted(os.sched_getaffinity(pid))}
+
+
+def op_slice_from(path, ns):
+    """A time slice of its own (sched_setattr's runtime for a fair task,
+    Linux 6.12) given to the process named in path; the slice it has after."""
+    pid = op_pid_from(path)
+    # struct sched_attr, its first version: size, policy, flags, nice, priority, runtime, deadline, period.
+    attr = struct.pack("=IIQiIQQQ", 48, os.sched_getscheduler(pid), 0, os.getpriority(os.PRIO_PROCESS, pid), 0,
+                       int(ns), 0, 0)
+    nr_set, nr_get = {"x86_64": (314, 315), "aarch64": (274, 275)}[os.uname().machine]
+    buf = ctypes.create_string_buffer(attr, 48)
+    libc().syscall.restype = ctypes.c_long
+    if libc().syscall(ctypes.c_long(nr_set), ctypes.c_long(pid), buf, ctypes.c_uint(0)) != 0:
+        _oserror("sched_setattr")
+    if libc().syscall(ctypes.c_long(nr_get), ctypes.c_long(pid), buf, ctypes.c_uint(48), ctypes.c_uint(0)) != 0:
+        _oserror("sched_getattr")
+    return {"slice": struct.unpack("=IIQiIQQQ", buf.raw)[5]}
 
 
 def op_scheduling():

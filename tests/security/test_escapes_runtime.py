@@ -338,13 +338,13 @@ def test_same_uid_sessions_can_reschedule_each_other(rt):
 def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
     """Attempt: a session of uid 64100 reaches the warm spare of another
     manifest of that uid (a process started ahead for the next client):
-    lowers its limits, stops it, renices, pins and idles it, so that the
-    next client gets a crippled server. Stopped by: prlimit needs the
-    spare's session gid (EPERM), the signal scope keeps SIGSTOP in the
-    attacker's domain (EPERM); scheduling checks uids only (allowed,
-    `sched-same-uid`), so the supervisor compares the spare's scheduling
-    with the zygote's at hand-over: discarded, and the client gets a
-    fresh server."""
+    lowers its limits, stops it, renices, pins and idles it, or (the next
+    spare) gives it a time slice of its own, so that the next client gets
+    a crippled server. Stopped by: prlimit needs the spare's session gid
+    (EPERM), the signal scope keeps SIGSTOP in the attacker's domain
+    (EPERM); scheduling checks uids only (allowed, `sched-same-uid`), so
+    the supervisor compares the spare's scheduling with the zygote's at
+    hand-over: discarded, and the client gets a fresh server."""
     share = lab.dir / "share"
     share.mkdir()
     os.chmod(share, 0o777)
@@ -370,6 +370,18 @@ def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
     child.stdin.close()
     assert read_all(os.dup(child.stdout.fileno()))[0] == b"fresh\n"
     assert child.wait(10) == 0
+    child.close()
+    # The next spare: its time slice alone (sched_setattr, Linux 6.12), nothing a nice or policy shows.
+    first = spare
+    assert wait_until(lambda: sv.client.stats()["warm"].get("spare", [first]) not in ([], [first]), 10), sv.log()
+    [spare] = sv.client.stats()["warm"]["spare"]
+    _tell(share / "spare", spare)
+    o = attack(sv.client, "attacker", [["slice_from", str(share / "spare"), 100_000_000]])
+    assert o[0]["ok"] and o[0]["value"]["slice"] == 100_000_000, o   # the premise: allowed
+    child = sv.client.spawn("spare", stdio="pipes")
+    assert child.pid != spare and not child.warm, (child.pid, spare)
+    assert f"warm server {spare} discarded: its scheduling is" in sv.log()
+    child.kill()
     child.close()
 
 

@@ -5,6 +5,7 @@ implements has its test here; the pure parts are in tests/unit/test_warm.py."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from landlock import syscalls
 from supervisor.client.aio import AsyncClient
 from supervisor.client import SupervisorError
 from supervisor.errors import Code
@@ -278,7 +280,6 @@ def test_a_server_that_writes_to_stdout_before_its_hand_over_is_discarded(lab):
 def test_a_warm_server_put_on_idle_io_is_discarded_at_hand_over(warm):
     """ioprio_set checks uids only: another session of its uid can put a
     spare on the idle I/O class; it is not handed over so."""
-    from landlock import syscalls
     sv = warm
     [server] = _warm(sv, "wsh")
     syscalls.ioprio_set(3 << syscalls.IOPRIO_CLASS_SHIFT, server)   # IOPRIO_CLASS_IDLE
@@ -298,6 +299,53 @@ def test_a_reniced_warm_server_is_discarded_at_hand_over(warm):
     assert child.pid != server and not child.warm, child.pid
     assert "discarded: its scheduling is" in sv.log()
     assert wait_until(lambda: _state(server) in ("gone", "Z"), 10)
+    child.kill()
+    child.close()
+
+
+def _set_slice(pid: int, ns: int) -> None:
+    """sched_setattr(2) with a time slice of pid's own (Linux 6.12), as any process of its uid may."""
+    attr = syscalls.sched_getattr(pid)
+    attr.size, attr.flags, attr.runtime = ctypes.sizeof(attr), 0, ns
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 314, "aarch64": 274, "riscv64": 274}[os.uname().machine]
+    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(pid), ctypes.byref(attr), ctypes.c_uint(0)) != 0:
+        raise OSError(ctypes.get_errno(), "sched_setattr")
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_server_given_a_time_slice_of_its_own_is_discarded_at_hand_over(warm):
+    """sched_setattr checks uids only, and a fair task's slice is no nice:
+    a spare whose slice another process of its uid set is not handed over."""
+    sv = warm
+    [server] = _warm(sv, "wsh")
+    _set_slice(server, 100_000_000)
+    assert syscalls.sched_getattr(server).runtime == 100_000_000   # the premise: the kernel took it
+    child = sv.client.spawn("wsh", stdio="pipes")
+    assert child.pid != server and not child.warm, child.pid
+    assert f"warm server {server} discarded: its scheduling is" in sv.log()
+    child.kill()
+    child.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_supervisor_started_with_a_time_slice_of_its_own_hands_its_warm_servers_over(lab):
+    """Its children lose that slice at fork (the zygote's
+    SCHED_RESET_ON_FORK), which the zygote drops too (its _reset_scheduling):
+    a spare's slice is what the zygote shows, so none is discarded for it."""
+    lab.manifest("wcat", command="/bin/cat", warm=1, user=65534, sandbox={"profiles": ["system"]})
+    _set_slice(os.getpid(), 50_000_000)   # (a fork and an exec keep it: the supervisor starts with it)
+    try:
+        sv = lab.start()
+    finally:
+        _set_slice(os.getpid(), 0)
+    assert syscalls.sched_getattr(sv.proc.pid).runtime == 50_000_000   # the premise
+    assert wait_until(lambda: _warm(sv, "wcat"), 10), sv.log()
+    [server] = _warm(sv, "wcat")
+    zygote = sv.client.stats()["zygote"]
+    assert syscalls.sched_getattr(zygote).runtime == syscalls.sched_getattr(server).runtime != 50_000_000
+    child = sv.client.spawn("wcat", stdio="pipes")
+    assert child.pid == server and child.warm, (child.pid, child.not_warm, sv.log())
     child.kill()
     child.close()
 
