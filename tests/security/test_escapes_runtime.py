@@ -385,6 +385,39 @@ def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
     child.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_warm_spares_child_rescheduled_by_its_uid_is_handed_out_so(lab):
+    """Limit `warm-spare-threads`: a session of uid 64100 renices the
+    process a warm spare started (as npx's server is npm's child); the
+    hand-over compares the spare's own process only, so the client gets
+    the spare with its child at nice 10."""
+    share = lab.dir / "share"
+    share.mkdir()
+    os.chmod(share, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    lab.manifest("attacker", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                 user=CHILD_UID, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+    # sh forks cat (a command follows it): the spare's child reads the client's stdin.
+    lab.manifest("launcher", command="/bin/sh", args=["-c", "cat; :"], warm=1, user=CHILD_UID,
+                 sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
+    sv = lab.start()
+    assert wait_until(lambda: sv.client.stats()["warm"].get("launcher"), 10), sv.log()
+    [spare] = sv.client.stats()["warm"]["launcher"]
+    assert wait_until(lambda: Path(f"/proc/{spare}/task/{spare}/children").read_text().split(), 10)
+    [cat] = [int(pid) for pid in Path(f"/proc/{spare}/task/{spare}/children").read_text().split()]
+    _tell(share / "child", cat)
+    o = attack(sv.client, "attacker", [["sched_attack_from", str(share / "child")]])
+    assert o[0]["ok"], o
+    child = sv.client.spawn("launcher", stdio="pipes")
+    try:
+        check_limit("warm-spare-threads", child.warm and child.pid == spare
+                    and os.sched_getscheduler(cat) == os.SCHED_IDLE and os.getpriority(os.PRIO_PROCESS, cat) == 10)
+    finally:
+        child.kill()
+        child.close()
+
+
 def _user_supervisor(lab: Any, uid: int) -> Supervisor:
     class AsUser(Supervisor):
         @property
