@@ -333,6 +333,19 @@ def test_same_uid_sessions_can_reschedule_each_other(rt):
     check_limit("sched-same-uid", o[0]["ok"] and o[0]["value"]["policy"] == os.SCHED_IDLE)
 
 
+def _attacker_of_uid(lab: Any) -> Path:
+    """The probe as manifest `attacker`, a session of CHILD_UID, and the
+    directory it shares with the test (pids are told through it)."""
+    share = lab.dir / "share"
+    share.mkdir()
+    os.chmod(share, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    lab.manifest("attacker", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                 user=CHILD_UID, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+    return share
+
+
 @pytest.mark.timeout(60)
 @case("warm-spare-tamper")
 def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
@@ -345,13 +358,7 @@ def test_a_warm_spare_tampered_by_its_uid_is_never_handed_out(lab):
     (EPERM); scheduling checks uids only (allowed, `sched-same-uid`), so
     the supervisor compares the spare's scheduling with the zygote's at
     hand-over: discarded, and the client gets a fresh server."""
-    share = lab.dir / "share"
-    share.mkdir()
-    os.chmod(share, 0o777)
-    shutil.copy(PROBE, share / "probe.py")
-    os.chmod(share / "probe.py", 0o644)
-    lab.manifest("attacker", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
-                 user=CHILD_UID, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+    share = _attacker_of_uid(lab)
     lab.manifest("spare", command="/bin/cat", warm=1, user=CHILD_UID, sandbox={"profiles": ["system"]})
     sv = lab.start()
     assert wait_until(lambda: sv.client.stats()["warm"].get("spare"), 10), sv.log()
@@ -391,13 +398,7 @@ def test_a_warm_spares_child_rescheduled_by_its_uid_is_handed_out_so(lab):
     process a warm spare started (as npx's server is npm's child); the
     hand-over compares the spare's own process only, so the client gets
     the spare with its child at nice 10."""
-    share = lab.dir / "share"
-    share.mkdir()
-    os.chmod(share, 0o777)
-    shutil.copy(PROBE, share / "probe.py")
-    os.chmod(share / "probe.py", 0o644)
-    lab.manifest("attacker", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
-                 user=CHILD_UID, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"]})
+    share = _attacker_of_uid(lab)
     # sh forks cat (a command follows it): the spare's child reads the client's stdin.
     lab.manifest("launcher", command="/bin/sh", args=["-c", "cat; :"], warm=1, user=CHILD_UID,
                  sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
