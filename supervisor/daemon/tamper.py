@@ -37,14 +37,14 @@ class Scheduling:
 
 
 def as_forked(zygote: Scheduling, clamps_reset: tuple[int, int] = CLAMPS_RESET) -> Scheduling:
-    """A child's scheduling, forked by a zygote with these. The zygote's
-    SCHED_RESET_ON_FORK (zygote.main._reset_scheduling) gives the child of
-    a real-time or deadline zygote SCHED_OTHER and a nice of 0, of a fair
-    one its policy and a nice of at least 0, and either the kernel's
-    default time slice (the zygote's own: it drops any of its own at start;
-    under a real-time zygote not known, and not compared) and no
-    utilization clamps; the child's own steps make a real-time I/O class
-    best-effort (enter.reset_io_priority)."""
+    """A child's scheduling, forked by a zygote with these. Under the
+    zygote's SCHED_RESET_ON_FORK (zygote.main._reset_scheduling) the child
+    of a real-time or deadline zygote is SCHED_OTHER with a nice of 0, the
+    child of a fair one keeps its policy with a nice of at least 0; both
+    get the kernel's default time slice (the zygote's own, as it drops any
+    of its own at start; not known under a real-time zygote, so not
+    compared) and no utilization clamps. The child's own steps make a
+    real-time I/O class best-effort (enter.reset_io_priority)."""
     policy, nice, affinity, ioprio, slice_, clamps = astuple(zygote)
     ioprio = enter.io_priority_after_reset(ioprio) if ioprio >= 0 else ioprio
     if not policy & _SCHED_RESET_ON_FORK:
