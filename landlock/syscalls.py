@@ -188,6 +188,7 @@ class SchedAttr(ctypes.Structure):
 
 
 SCHED_FLAG_RESET_ON_FORK = 0x01
+FAIR_POLICIES = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)   # a time slice, a nice; no real-time priority
 
 
 def sched_getattr(pid: int) -> SchedAttr:
@@ -199,11 +200,11 @@ def sched_getattr(pid: int) -> SchedAttr:
     return attr
 
 
-def sched_setattr(policy: int, flags: int, nice: int) -> None:
-    """sched_setattr(2) of this thread to a fair policy: its nice, and no
-    time slice of its own (runtime 0: the kernel's default, Linux 6.12)."""
-    attr = SchedAttr(size=ctypes.sizeof(SchedAttr), policy=policy, flags=flags, nice=nice)
-    _check(_syscall(_number(4, "sched_setattr"), 0, ctypes.byref(attr), 0), "sched_setattr")
+def sched_setattr(policy: int, flags: int, nice: int, runtime: int = 0, pid: int = 0) -> None:
+    """sched_setattr(2) of pid (0: this thread) to a fair policy: its nice,
+    and its time slice (`runtime`, Linux 6.12; 0: the kernel's default)."""
+    attr = SchedAttr(size=ctypes.sizeof(SchedAttr), policy=policy, flags=flags, nice=nice, runtime=runtime)
+    _check(_syscall(_number(4, "sched_setattr"), pid, ctypes.byref(attr), 0), "sched_setattr")
 
 
 def tcgetsid(fd: int) -> int:

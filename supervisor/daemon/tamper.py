@@ -17,7 +17,6 @@ from . import procfs
 from ..zygote.pools import proc_limits
 
 _SCHED_RESET_ON_FORK = 0x40000000   # (sched_getscheduler's bit; sched_getattr's SCHED_FLAG_RESET_ON_FORK)
-_FAIR = (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
 # A child's utilization clamps after a fork that resets them (uclamp_none:
 # 0 and SCHED_CAPACITY_SCALE), or what sched_getattr says of every task on a
 # kernel without them (no CONFIG_UCLAMP_TASK, whose sysctl this is).
@@ -50,7 +49,7 @@ def as_forked(zygote: Scheduling, clamps_reset: tuple[int, int] = CLAMPS_RESET) 
     if not policy & _SCHED_RESET_ON_FORK:
         return Scheduling(policy, nice, affinity, ioprio, slice_, clamps)
     policy &= ~_SCHED_RESET_ON_FORK
-    if policy in _FAIR:
+    if policy in syscalls.FAIR_POLICIES:
         return Scheduling(policy, max(nice, 0), affinity, ioprio, slice_, clamps_reset)
     return Scheduling(os.SCHED_OTHER, 0, affinity, ioprio, 0, clamps_reset)
 
@@ -60,7 +59,7 @@ def scheduling_of(pid: int) -> Scheduling:
     policy = attr.policy | (_SCHED_RESET_ON_FORK if attr.flags & syscalls.SCHED_FLAG_RESET_ON_FORK else 0)
     nice = os.getpriority(os.PRIO_PROCESS, pid)   # (sched_getattr gives a real-time task's as 0)
     return Scheduling(policy, nice, frozenset(os.sched_getaffinity(pid)), enter.io_priority_of(pid),
-                      attr.runtime if attr.policy in _FAIR else 0, (attr.util_min, attr.util_max))
+                      attr.runtime if attr.policy in syscalls.FAIR_POLICIES else 0, (attr.util_min, attr.util_max))
 
 
 def _below(soft: int, floor: int) -> bool:

@@ -240,7 +240,7 @@ def _reset_scheduling() -> bool:
     not help there."""
     policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
     try:
-        if policy in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE):
+        if policy in syscalls.FAIR_POLICIES:
             syscalls.sched_setattr(policy, syscalls.SCHED_FLAG_RESET_ON_FORK, os.getpriority(os.PRIO_PROCESS, 0))
         else:
             os.sched_setscheduler(0, policy | os.SCHED_RESET_ON_FORK, os.sched_getparam(0))

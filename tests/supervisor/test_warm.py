@@ -5,7 +5,6 @@ implements has its test here; the pure parts are in tests/unit/test_warm.py."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import sys
@@ -304,13 +303,9 @@ def test_a_reniced_warm_server_is_discarded_at_hand_over(warm):
 
 
 def _set_slice(pid: int, ns: int) -> None:
-    """sched_setattr(2) with a time slice of pid's own (Linux 6.12), as any process of its uid may."""
+    """A time slice of pid's own (Linux 6.12; 0: none), as any process of its uid may give it."""
     attr = syscalls.sched_getattr(pid)
-    attr.size, attr.flags, attr.runtime = ctypes.sizeof(attr), 0, ns
-    libc = ctypes.CDLL(None, use_errno=True)
-    nr = {"x86_64": 314, "aarch64": 274, "riscv64": 274}[os.uname().machine]
-    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(pid), ctypes.byref(attr), ctypes.c_uint(0)) != 0:
-        raise OSError(ctypes.get_errno(), "sched_setattr")
+    syscalls.sched_setattr(attr.policy, 0, attr.nice, runtime=ns, pid=pid)
 
 
 @pytest.mark.timeout(60)
