@@ -93,4 +93,4 @@ def _lock(directory: int, run: Gids) -> list[int] | None:
 def _in_use(run: Gids) -> bool:
     """Whether a live process has a gid of the run (looked at once its lock
     is held: no supervisor that leases can give one out any more)."""
-    return any(run[0] <= gid <= run[1] for pid in procfs.pids() for gid in procfs.gids_of(pid))
+    return bool(procfs.gids_held(*run))

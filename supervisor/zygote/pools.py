@@ -5,6 +5,7 @@ import errno
 import itertools
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import landlock
@@ -17,26 +18,36 @@ class Gids:
     """A root supervisor's session gids: each child gets one no other live
     process has, so that prlimit(2), which needs the caller's uid and gid to
     match the target's, fails between sessions and against every root
-    process. Handed out round the range: a released gid comes back last,
-    long after any leftover of its session is gone."""
+    process. Handed out round the range, a released gid coming back last;
+    a process that left its session (setsid) keeps its gid after the
+    session ends, so each round begins with a look at every process's gids
+    (`held`: the range's gids some process has), and a gid held then is
+    passed over for the round. Sound because only take() gives a gid of the
+    range: one taken in this round comes round again only after the next
+    look."""
 
-    def __init__(self, first: int, last: int) -> None:
+    def __init__(self, first: int, last: int, held: Callable[[int, int], set[int]]) -> None:
         if not 0 < first <= last:
             raise ValueError(f"session gids {first}-{last}: expected 0 < FIRST <= LAST")
-        self.first, self.last = first, last
+        self.first, self.last, self.look = first, last, held
         self.next = first
         self.used: set[int] = set()
+        self.held: set[int] = set()   # at the round's look
 
     def take(self) -> int:
         size = self.last - self.first + 1
         if len(self.used) >= size:
             raise OSError(errno.EAGAIN, f"all {size} session gids are in use")
-        while self.next in self.used:
-            self.next = self.first if self.next >= self.last else self.next + 1
-        gid = self.next
-        self.next = self.first if gid >= self.last else gid + 1
-        self.used.add(gid)
-        return gid
+        for _ in range(size + 1):   # (one passed over before the round's look comes round again after it)
+            gid = self.next
+            if gid == self.first:
+                self.held = self.look(self.first, self.last)
+            self.next = self.first if gid >= self.last else gid + 1
+            if gid not in self.used and gid not in self.held:
+                self.used.add(gid)
+                return gid
+        raise OSError(errno.EAGAIN, f"the {size - len(self.used)} session gid(s) not in use are still held by "
+                      "a process that left its session")
 
     def release(self, gid: int | None) -> None:
         if gid is not None:

@@ -623,6 +623,30 @@ def op_prlimit_from(path, name, soft, hard):
     return op_prlimit(op_pid_from(path), name, soft, hard)
 
 
+def op_leave_session_prlimit_from(path, name, soft, hard, out):
+    """A child that leaves the session (setsid), so it outlives it with this
+    session's uid and gid: it waits for a pid in path, prlimits it, and
+    writes "ok" or the errno's name to out. Its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            op_prlimit(op_pid_from(path, 30), name, soft, hard)
+            result = "ok"
+        except OSError as e:
+            result = errno.errorcode.get(e.errno, str(e.errno))
+        with open(out + ".tmp", "w") as f:
+            f.write(result)
+        os.rename(out + ".tmp", out)
+    finally:
+        os._exit(0)
+
+
 def op_sched_attack_from(path):
     """renice, pin and SCHED_IDLE the process named in path."""
     pid = op_pid_from(path)

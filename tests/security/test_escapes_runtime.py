@@ -29,7 +29,7 @@ import pytest
 
 from sechelpers import (BOMB_UID, CHILD_UID, PROBE, PYTHON3, REPO, SUPERVISOR_UID, Outcome, Supervisor, attack, case,
                         check_limit, through_a_terminal)
-from supervisor.daemon import leases
+from supervisor.daemon import leases, procfs
 from supervisor.manifests import ids
 from supervisor.client import SupervisorError
 from svhelpers import processes_with_tag, read_all, run, spawn_bg, wait_until
@@ -299,6 +299,50 @@ def test_two_root_supervisors_on_one_gid_range_never_share_a_gid(lab):
     third.start()
     o = attack(third.client, "probe", [["ids"]])
     assert int(o[0]["value"]["Gid"][0]) == gid_a, o
+
+
+@pytest.mark.timeout(60)
+@case("session-gid-held-by-leftover")
+def test_a_session_gid_a_leftover_still_has_is_not_handed_out_again(lab):
+    """Attempt: a session leaves a process behind that left its session
+    (setsid: the session's end misses it), with the session's uid and gid;
+    once later sessions have come round the range to that gid, it prlimits
+    the session that got it. Stopped by: each round of the range begins
+    with a look at every process's gids, and a gid a process still has is
+    passed over: the later session gets another gid, prlimit is EPERM. Once
+    the leftover is gone, the gid is handed out again."""
+    share, files = lab.dir / "share", lab.dir / "files"
+    for d in (share, files):
+        d.mkdir()
+        os.chmod(d, 0o777)
+    shutil.copy(PROBE, share / "probe.py")
+    os.chmod(share / "probe.py", 0o644)
+    lab.manifest("probe", command=PYTHON3, args=["-I", "-B", str(share / "probe.py")], client_args=True,
+                 user=CHILD_UID, pool=0, sandbox={"profiles": ["system"], "read_only_noexec": [str(share), "/proc"],
+                                                  "read_write_noexec": [str(files)]})
+    first = LEASED[0]
+    sv = lab.start(extra=["--session-gids", f"{first}-{first + 1}"])
+    told, out = share / "target", files / "outcome"
+    a = attack(sv.client, "probe", [["ids"], ["leave_session_prlimit_from", str(told), "NOFILE", 64, 64, str(out)]])
+    leftover = a[1]["value"]
+    try:
+        assert int(a[0]["value"]["Gid"][0]) == first, a
+        assert procfs.alive(leftover) and first in procfs.gids_of(leftover)   # the premise: it still has the gid, its session ended
+        x = attack(sv.client, "probe", [["ids"]])
+        assert int(x[0]["value"]["Gid"][0]) == first + 1, x   # the round comes back to `first` next
+        b = Running(sv.client, "probe", [["ids"], ["sleep", 1]])
+        _tell(told, b.pid)
+        ob = b.finish()
+        assert wait_until(out.exists, 10)
+        assert int(ob[0]["value"]["Gid"][0]) == first + 1, ob   # passed over: the leftover has it
+        assert ob[0]["value"]["Uid"] == a[0]["value"]["Uid"]      # the premise: one uid
+        assert out.read_text() == "EPERM"
+    finally:
+        if procfs.alive(leftover):
+            os.kill(leftover, signal.SIGKILL)
+    assert wait_until(lambda: not procfs.gids_of(leftover), 5)   # reaped
+    again = attack(sv.client, "probe", [["ids"]])
+    assert int(again[0]["value"]["Gid"][0]) == first, again
 
 
 @pytest.mark.timeout(30)

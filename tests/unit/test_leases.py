@@ -3,6 +3,7 @@ the runs of blocks a range offers, as a table; the lease itself against
 a table directory of the test's own, flocked by this process."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
@@ -10,6 +11,7 @@ import pytest
 
 from supervisor.daemon import leases
 from supervisor.manifests import ids
+from supervisor.zygote.pools import Gids
 
 B = leases.BLOCK
 
@@ -109,3 +111,39 @@ def test_the_directory_must_be_roots_alone(table):
     with pytest.raises(ids.IdError, match="only the supervisor's user may write"):
         leases.lease(FREE, 1)
     assert os.listdir(table) == []
+
+
+# ---- handing out a leased run's gids (zygote/pools.Gids) ---------------------------------------
+
+TAKES = [
+    # what, the looks' answers in turn, what is released before each take (None: nothing), the gids taken
+    ("round the range, a released gid last", [set()] * 3, [None, None, None, 11, None], [10, 11, 12, 11, "EAGAIN"]),
+    ("a gid held at the round's look is passed over", [{11}], [None, None], [10, 12]),
+    ("held then, free at the next round's look", [{11}, set()], [None, None, 10, 12], [10, 12, 10, 11]),
+    ("one passed over before the look is taken after it", [{12}, set()], [None, None, None], [10, 11, 12]),
+    ("every gid not in use held: refused", [{11, 12}, {11, 12}], [None, None], [10, "EAGAIN"]),
+]
+
+
+@pytest.mark.parametrize("looks,released,expected", [t[1:] for t in TAKES], ids=[t[0] for t in TAKES])
+def test_gids_taken(looks, released, expected):
+    """A look at the start of each round (when `first` comes round), and
+    none between: only take() gives out the range's gids."""
+    answers = iter(looks)
+    calls = []
+
+    def held(first, last):
+        calls.append((first, last))
+        return next(answers)
+
+    gids = Gids(10, 12, held)
+    taken = []
+    for release, want in zip(released, expected):
+        gids.release(release)
+        try:
+            taken.append(gids.take())
+        except OSError as e:
+            assert e.errno == errno.EAGAIN, e
+            taken.append("EAGAIN")
+    assert taken == expected
+    assert calls and set(calls) == {(10, 12)}
