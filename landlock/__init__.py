@@ -20,7 +20,7 @@ _EXPORTS = {
     "support": ("Support", "abi_version", "available", "keyrings_available", "probe"),
     "report": ("Report",),
     "rights": ("LATEST_ABI",),
-    "ruleset": ("LandlockUnavailable", "Ruleset", "build"),
+    "ruleset": ("LandlockUnavailable", "Ruleset", "build", "downgrade"),
     "spec": ("Rlimit", "Spec", "SpecError", "parse_limit"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -93,4 +93,10 @@ def _lock(directory: int, run: Gids) -> list[int] | None:
 def _in_use(run: Gids) -> bool:
     """Whether a live process has a gid of the run (looked at once its lock
     is held: no supervisor that leases can give one out any more)."""
-    return bool(procfs.gids_held(*run))
+    return bool(held(*run))
+
+
+def held(first: int, last: int) -> set[int]:
+    """The gids of first..last that a process has (real, effective, saved
+    or filesystem): at a lease, and at each round of a leased run (pools.Gids)."""
+    return {gid for pid in procfs.pids() for gid in procfs.gids_of(pid) if first <= gid <= last}

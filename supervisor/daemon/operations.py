@@ -33,9 +33,9 @@ Served = Callable[[], tuple[Mapping[str, Manifest], Mapping[str, str]]]   # the 
 
 class Operations:
     def __init__(self, connections: Connections, children: Children, zygote: ZygoteProcess, warm: WarmServers,
-                 visibility: Visibility, stats: dict[str, int], served: Served, keeps_warm: bool) -> None:
+                 visibility: Visibility, stats: dict[str, int], served: Served) -> None:
         self.connections, self.children, self.zygote, self.warm = connections, children, zygote, warm
-        self.visibility, self.stats, self.served, self.keeps_warm = visibility, stats, served, keeps_warm
+        self.visibility, self.stats, self.served = visibility, stats, served
         self.pid = os.getpid()
 
     def handlers(self) -> dict[str, Handler]:
@@ -80,7 +80,7 @@ class Operations:
         # then (and passes its own fds, no relay, else).
         self.connections.send(conn, protocol.described(m.name, sorted(m.client_env), m.client_args,
                                                        sorted(m.variables | set(m.inherit_env)),
-                                                       m.warm if self.keeps_warm else 0))
+                                                       self.warm.kept(m.name)))
 
     def _denials(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         """The recent denials this peer may see (the owner: all; others: their

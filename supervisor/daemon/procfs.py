@@ -134,11 +134,6 @@ def gids_of(pid: int | str) -> set[int]:
     return _ids(pid, "Gid:")
 
 
-def gids_held(first: int, last: int) -> set[int]:
-    """The gids of first..last that a live process has (real, effective, saved or filesystem)."""
-    return {gid for pid in pids() for gid in gids_of(pid) if first <= gid <= last}
-
-
 def _ids(pid: int | str, field: str) -> set[int]:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -11,7 +11,7 @@ import signal
 import socket
 from dataclasses import dataclass, field
 
-from . import audit, listener, namespaces, peers, policy, procfs, served, survivors, warm
+from . import audit, leases, listener, namespaces, peers, policy, served, survivors, warm
 from ..manifests import ids
 from .children import Children
 from .confinements import Confinements
@@ -99,7 +99,7 @@ class Supervisor:
         self.isolation: namespaces.Isolation | None = early[0] if early else None
         self.booting: Booting | None = early[1] if early else None
         self.confinements = Confinements()
-        self.gids = Gids(*config.session_gids, procfs.gids_held) if config.session_gids else None
+        self.gids = Gids(*config.session_gids, leases.held) if config.session_gids else None
         # Warm servers where each has a session gid of its own (a root
         # supervisor) and one serves more than one `run`'s client (not a
         # private supervisor: its one spawn comes before any could start).
@@ -126,7 +126,7 @@ class Supervisor:
         self.warm = warm.WarmServers(self.loop, self.children, self.endings, self.limits, self._warm_launch,
                                      self._current, lambda: self.zygote.pid, pool_idle)
         operations = Operations(self.connections, self.children, self.zygote, self.warm, self.visibility, self.stats,
-                                lambda: (self.manifests, self.withdrawn), self.keeps_warm)
+                                lambda: (self.manifests, self.withdrawn))
         self.handlers: dict[str, Handler] = {"spawn": self._spawn, **operations.handlers()}
         try:
             self.manifests, self.withdrawn = self._load_manifests()

@@ -26,8 +26,10 @@ from __future__ import annotations
 import os
 import select
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+import landlock
 
 from .. import protocol
 from .children import Children
@@ -71,6 +73,18 @@ def unfit(m: Manifest, request: Mapping[str, Any], pipes: bool) -> str | None:
     return None
 
 
+def signal_unscoped(spec: landlock.Spec, support: landlock.Support) -> str | None:
+    """Why spec's sessions may signal processes of their uid outside their
+    domain on this kernel (Landlock's signal scope not enforced), or None.
+    Pure."""
+    if "signal" not in spec.scopes:
+        return "its `scopes:` leave out signal"
+    try:
+        return landlock.downgrade(spec, support).dropped.get("scope_signal")
+    except landlock.LandlockUnavailable:
+        return None   # its sessions never start
+
+
 def pipes() -> tuple[list[int], list[int]]:
     """stdio pipes: a child's ends (stdin's read end, stdout's and stderr's
     write ends) and the others (its client's, or the supervisor's while a
@@ -112,7 +126,8 @@ class WarmServers:
         self.loop, self.children, self.endings, self.limits, self.launch_of = loop, children, endings, limits, launch_of
         self.current = current
         self.zygote_pid, self.idle = zygote_pid, idle
-        self.manifests: dict[str, Manifest] = {}
+        self.manifests: dict[str, Manifest] = {}   # those whose warm servers are kept
+        self.unkept: dict[str, str] = {}             # with `warm:`, not kept: why
         self.servers: dict[str, list[Warm]] = {}
         self.failures: dict[str, int] = {}
         self.fills: dict[str, Timer] = {}
@@ -126,7 +141,14 @@ class WarmServers:
         """The manifests served now (at start, after a reload): every warm
         server of before retired, new ones started for these."""
         self.retire_all("the manifests were reloaded")
-        self.manifests = {name: m for name, m in manifests.items() if m.warm}
+        self.manifests, self.unkept = {}, {}
+        unscoped = _unscoped_uids(manifests.values())
+        for name, m in manifests.items():
+            if m.warm and _uid(m) in unscoped:
+                self.unkept[name] = f"uid {_uid(m)}'s sessions may signal a warm server ({unscoped[_uid(m)]})"
+                log(f"{m.source}: warning: warm: {m.warm} not kept: {self.unkept[name]}: every spawn is fresh")
+            elif m.warm:
+                self.manifests[name] = m
         self.failures.clear()
         self.dormant.clear()
         now = time.monotonic()
@@ -166,6 +188,11 @@ class WarmServers:
     def pids(self) -> dict[str, list[int]]:
         return {name: [w.session.pid for w in servers if w.ready] for name, servers in self.servers.items() if servers}
 
+    def kept(self, name: str) -> int:
+        """How many warm servers of this manifest are kept (0: none, or not kept here)."""
+        m = self.manifests.get(name)
+        return 0 if m is None else m.warm
+
     def ready(self, name: str) -> bool:
         return any(w.ready for w in self.servers.get(name, ()))
 
@@ -176,6 +203,8 @@ class WarmServers:
         m's own would be now, the caller's to hand over (children.hand_over
         with warm.pipes, then handed()), or None and why not. The ones found
         unfit are discarded on the way."""
+        if m.name in self.unkept:
+            return None, f"its warm servers are not kept: {self.unkept[m.name]}"
         servers = self.servers.get(m.name, [])
         for warm in [w for w in servers if w.ready]:
             why = self._unfit(warm, m)
@@ -311,6 +340,22 @@ class WarmServers:
         if self.tending is not None:
             self.tending.cancel()
             self.tending = None
+
+
+def _uid(m: Manifest) -> int:
+    return os.getuid() if m.uid is None else m.uid
+
+
+def _unscoped_uids(manifests: Iterable[Manifest]) -> dict[int, str]:
+    """uid -> why some sessions of that uid are not kept from signalling
+    the others (a warm spare among them could be stopped, or sent SIGUSR1,
+    which starts node's inspector, while it waits for its client)."""
+    unscoped: dict[int, str] = {}
+    for m in manifests:
+        why = signal_unscoped(m.spec, landlock.probe(m.spec.max_abi))
+        if why is not None:
+            unscoped.setdefault(_uid(m), f"Landlock's signal scope for {m.name}: {why}")
+    return unscoped
 
 
 def _readable(fd: int) -> bool:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from landlock.spec import Spec
 from supervisor.daemon import policy, tamper, warm
 from supervisor.daemon.limits import Limits
 from manifest_text import load_text as _load
+from test_downgrade import kernel
 
 INF = resource.RLIM_INFINITY
 
@@ -131,3 +133,20 @@ def test_room() -> None:
 def test_as_forked_io_priority(ioprio: int, expected: int) -> None:
     """A real-time I/O class becomes best-effort 4 in the child (enter.reset_io_priority); others stay."""
     assert tamper.as_forked(tamper.Scheduling(os.SCHED_OTHER, 0, frozenset({0}), ioprio)).ioprio == expected
+
+
+SIGNAL = [
+    # what, spec keywords, kernel ABI, why its sessions may signal outside their domain
+    ("the default scopes, ABI 6", {}, 6, None),
+    ("scopes without signal", {"scopes": ("abstract_unix_socket",)}, 7, "its `scopes:` leave out signal"),
+    ("a kernel before ABI 6, best effort", {"best_effort": True}, 5, "needs ABI 6"),
+    ("a kernel before ABI 6: the filesystem is what is required", {}, 4, "needs ABI 6"),
+    ("no Landlock, required: its sessions never start", {}, 0, None),
+]
+
+
+@pytest.mark.parametrize("spec,abi,why", [s[1:] for s in SIGNAL], ids=[s[0] for s in SIGNAL])
+def test_warm_servers_only_where_signals_are_scoped(spec, abi, why):
+    """A warm spare waits among its uid's sessions: kept only where this
+    kernel keeps each of them from signalling outside its domain."""
+    assert warm.signal_unscoped(Spec(**spec), kernel(abi)) == why
