@@ -311,7 +311,7 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             # Our reader is gone: as if we had died of SIGPIPE, a disconnect
             # (the supervisor ends the server as its on_disconnect says).
             return 128 + signal.SIGPIPE
-        relay.drain()
+        relay.drain(r)
         child.settle()   # the kernel's count, and any denial told after `exited`
         _tell_denied(args.name, child, kept)
         if exited.get("reason") == "shutdown":

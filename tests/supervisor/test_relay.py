@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -28,6 +29,8 @@ SCRIPTS = {
     # closes its stdout, then still reads and tells on stderr
     "whalf": 'read line; echo "$line"; exec 1>&-; read more; echo "got $more" >&2',
     "wloud": "read line; while :; do echo y; done",
+    # more than run's stdout holds (256 KiB), less than that and its own pipe (1 MiB): then it exits
+    "wburst": "read line; head -c 1000000 /dev/zero",
     "wtrap": "read line; trap 'echo caught; exit 42' TERM INT; echo ready; sleep 100 & wait",
     "wexit": 'read code; [ "$code" = kill ] && kill -9 $$; exit $code',
 }
@@ -108,6 +111,32 @@ def test_the_servers_stdout_closing_reaches_our_reader_while_it_runs(daemon):
     proc.stdin.close()
     assert proc.wait(20) == 0
     assert _exactly(proc.stderr.read(), b"got later\n")
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+def test_what_the_server_wrote_before_it_exited_waits_for_a_slow_reader(daemon):
+    """The server writes more than run's stdout holds and exits; our reader
+    takes it seconds later: every byte, as direct pipes would have kept it."""
+    proc = _run(daemon, "wburst")
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    time.sleep(2.5)   # the server has exited; run drains, its stdout full
+    assert proc.stdout.read() == bytes(1000000)
+    assert proc.wait(20) == 0
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_ends_runs_wait_for_a_reader_that_never_reads(daemon):
+    proc = _run(daemon, "wburst")
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0   # the server's own exit, which came first
     proc.stdout.close()
     proc.stderr.close()
 
