@@ -5,17 +5,23 @@ import landlock
 
 from ..errors import Code, Refused
 
-MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded
+MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (those kept aside)
 
 
 class Confinements:
     def __init__(self) -> None:
         self._cache: dict[landlock.Spec, landlock.Confinement] = {}
+        # Never evicted (a warm server's: its hand-over compares its confinement
+        # with what a fresh spawn gets, by identity; a new one would retire it).
+        self._kept: set[landlock.Spec] = set()
         self.canary: str | None = None   # supervisor/daemon/audit.py: each domain marked with it
 
-    def get(self, spec: landlock.Spec) -> landlock.Confinement:
+    def get(self, spec: landlock.Spec, keep: bool = False) -> landlock.Confinement:
         """Raises Refused: the kernel cannot enforce it, a path it cannot use,
-        or out of fds or memory while building the ruleset."""
+        or out of fds or memory while building the ruleset. `keep`: never
+        evicted for room (until clear())."""
+        if keep:
+            self._kept.add(spec)
         try:
             return self._get(spec)
         except landlock.LandlockUnavailable as e:
@@ -32,9 +38,9 @@ class Confinements:
         if confinement is not None:
             confinement.close()
             del self._cache[spec]
-        if len(self._cache) >= MAX_CACHED:
-            oldest = next(iter(self._cache))
-            self._cache.pop(oldest).close()
+        evictable = [s for s in self._cache if s not in self._kept]
+        if len(evictable) >= MAX_CACHED:
+            self._cache.pop(evictable[0]).close()
         confinement = landlock.prepare(spec)
         if self.canary is not None and confinement.ruleset.fd >= 0:
             confinement.entry = confinement.entry._replace(canary=self.canary)
@@ -46,3 +52,4 @@ class Confinements:
         for confinement in self._cache.values():
             confinement.close()
         self._cache.clear()
+        self._kept.clear()

@@ -289,12 +289,12 @@ class Supervisor:
     def _warm_launch(self, m: Manifest) -> Launch:
         """A warm server's launch: the manifest's own process, nobody's request."""
         plan = policy.plan(m, {}, self.limits, os.environ)
-        return Launch(plan, self.confinements.get(plan.spec))
+        return Launch(plan, self.confinements.get(plan.spec, keep=True))
 
     def _current(self, launch: Launch) -> bool:
         """Whether a fresh spawn of launch's spec now gets launch's confinement
         (its paths the same inodes); raises Refused as a fresh spawn would."""
-        return self.confinements.get(launch.plan.spec) is launch.confinement
+        return self.confinements.get(launch.plan.spec) is launch.confinement   # (kept: _warm_launch)
 
     def _spawn(self, conn: Connection, request: dict[str, Any], fds: list[int]) -> None:
         """docs/design.md's spawn, a line a step: policy, then the confinement, then the child."""

@@ -107,8 +107,12 @@ class Forked:
         self.pid, self.limits, self.scheduling = pid, limits, scheduling
         self.as_tuple = astuple(scheduling)   # compared as one at hand-over: no Scheduling made on its path
         self.fds: list[int] = []
-        for name in ("stat", "limits"):
-            self.fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        try:
+            for name in ("stat", "limits"):
+                self.fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            self.close()   # (the caller never gets an object to close: out of fds, the first stays open else)
+            raise
 
     def close(self) -> None:
         for fd in self.fds:

@@ -3,6 +3,7 @@ tampering (supervisor/daemon/tamper.py); which manifests may have them is in
 tests/unit/test_manifest_keys.py."""
 from __future__ import annotations
 
+import errno
 import os
 import resource
 from pathlib import Path
@@ -150,3 +151,23 @@ def test_warm_servers_only_where_signals_are_scoped(spec, abi, why):
     """A warm spare waits among its uid's sessions: kept only where this
     kernel keeps each of them from signalling outside its domain."""
     assert warm.signal_unscoped(Spec(**spec), kernel(abi)) == why
+
+
+def test_a_spare_whose_limits_cannot_be_opened_leaves_no_fd_open(monkeypatch):
+    """tamper.Forked opens /proc/PID/stat then limits at the fork: out of
+    fds at the second, the first is closed (the caller gets no object)."""
+    real, opened = os.open, []
+
+    def open_(path, *args, **kwargs):
+        if str(path).endswith("/limits"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        opened.append(real(path, *args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(tamper.os, "open", open_)
+    with pytest.raises(OSError):
+        tamper.Forked(os.getpid(), {}, tamper.Scheduling(os.SCHED_OTHER, 0, frozenset({0})))
+    monkeypatch.undo()
+    assert len(opened) == 1
+    with pytest.raises(OSError):
+        os.fstat(opened[0])
