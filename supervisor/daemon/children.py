@@ -86,6 +86,8 @@ class Children:
         denied while it waited."""
         conn.deadline = None
         session.held, session.conn, session.uid = False, conn, conn.peer.uid
+        if self.denials is not None:
+            self.denials.handed(session)
         session.update(pipes, {"warm": True})
         conn.session = session
         self._spawned(session)

@@ -128,6 +128,7 @@ class Tally:
     tokens: float = BURST
     refilled: float = field(default_factory=time.monotonic)
     early: list[dict[str, Any]] = field(default_factory=list)  # before `spawned` went out
+    unowned: list[dict[str, Any]] = field(default_factory=list)  # its `recent` ones while it was a warm spare
     on_settled: Callable[[], None] | None = None   # the `settled` waiting for `kernel`, after `exited`
     settled: bool = False                    # that wait is over
 
@@ -300,6 +301,14 @@ class Denials:
             self.unknown_kept -= len(kept)
             self.unattributed += len(kept)
 
+    def handed(self, session: Any) -> None:
+        """A warm spare handed over: what it was denied while it waited is
+        its client's to read (`denials`), as a fresh child's before `spawned` is."""
+        if session.tally is not None:
+            for entry in session.tally.unowned:
+                entry["uid"] = session.uid
+            session.tally.unowned = []
+
     def _count(self, session: Any, access: audit.Access, syscall: audit.Syscall | None) -> None:
         tally = session.tally
         tally.received += 1
@@ -322,6 +331,8 @@ class Denials:
             session.pid, session.manifest.name, list(access.blockers), kind, obj,
             None if syscall is None else {"pid": syscall.pid, "comm": syscall.comm, "exe": syscall.exe}, allow, why)
         self.recent.append({**event, "time": time.time(), "uid": session.uid})
+        if session.held:
+            tally.unowned.append(self.recent[-1])   # its client's once handed over (handed())
         self.follow(event, session.uid)
         if not session.spawned:
             if len(tally.early) < BURST:

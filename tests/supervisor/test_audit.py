@@ -348,22 +348,38 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
     assert {"/etc/hostname", "/etc/hosts"} <= owner
 
 
+_WARM_AS_OTHER = """
+import json, sys
+from supervisor.client import Client
+client = Client(sys.argv[1])
+child = client.spawn("wdenied", stdio="pipes")
+child.stdin.close()
+child.wait(30)
+print(json.dumps({"warm": child.warm, "pid": child.pid, "denied": list(child.denied), "exited": child.exited,
+                  "recent": client.denials()["recent"]}))
+"""
+
+
 def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, host_audit: Any) -> None:
     """Denied while it waited (nobody's yet): told to the client that gets
-    it, after `spawned`, and counted in its `exited` (supervisor/daemon/warm.py)."""
+    it, after `spawned`, counted in its `exited`, and its uid's to read with
+    `denials` from then on (supervisor/daemon/warm.py). The client is another
+    uid than the supervisor's owner, who sees everything anyway."""
+    uid = 64151
     lab.manifest("wdenied", command="/bin/sh", args=["-c", "cat /etc/hostname 2>/dev/null; exec cat"], warm=1,
                  user=65534, sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
-    sv = lab.start(extra=["--audit", "detail"])
+    sv = lab.start(extra=["--audit", "detail", "--allow-uid", str(uid)])
     assert wait_until(lambda: sv.client.stats()["warm"].get("wdenied"), 10), sv.log()
     time.sleep(0.5)   # its denial's record read while it waits
-    child = sv.client.spawn("wdenied", stdio="pipes")
-    assert child.warm
-    child.stdin.close()
-    assert child.wait(10) == 0
-    reads = [e for e in child.denied if e["object"] == "/etc/hostname"]
-    assert len(reads) == 1 and reads[0]["pid"] == child.pid, list(child.denied)
-    assert child.exited is not None and child.exited["denials"]["received"] >= 1, child.exited
-    child.close()
+    out = subprocess.run([PYTHON, "-c", _WARM_AS_OTHER, str(sv.socket_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["warm"]
+    reads = [e for e in got["denied"] if e["object"] == "/etc/hostname"]
+    assert len(reads) == 1 and reads[0]["pid"] == got["pid"], got["denied"]
+    assert got["exited"]["denials"]["received"] >= 1, got["exited"]
+    assert [e["object"] for e in got["recent"] if e["pid"] == got["pid"]] == ["/etc/hostname"], got["recent"]
 
 
 # A `-a never,task` rule (Fedora's and RHEL's shipped rules have one): the
