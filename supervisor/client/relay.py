@@ -22,6 +22,11 @@ short one (the next would find src empty).
 A splice asks for as much as the child's pipe holds: one move takes all
 that is there (each move wakes the other end), where a read takes 64 KiB
 (its buffer is made for each read).
+Our own stdio are never made non-blocking (the file descriptions are our
+parent's too), and SPLICE_F_NONBLOCK covers a pipe, not a socket (a node
+client's stdio are socketpairs), nor does it cover write(2) to stderr: such
+a move waits while our reader does not read, as the server's own write
+would, and a signal is forwarded once it returns.
 """
 from __future__ import annotations
 
