@@ -122,6 +122,7 @@ class Session:
     spawned: bool = True
     tally: d.Tally | None = None
     manifest: Manifest = field(default_factory=Manifest)
+    held: bool = False   # a warm spare, nobody's yet
 
 
 class World:
@@ -270,6 +271,20 @@ def test_no_denied_before_spawned_then_in_order(w: World) -> None:
     w.mark(s, 0xA)
     w.denials.access(_access(0xA, "/etc/a"), None)
     assert not w.told and s.tally and [e["object"] for e in s.tally.early] == ["/etc/a"]
+
+
+def test_a_warm_spares_denials_are_its_clients_to_read_once_handed_over(w: World) -> None:
+    s = w.session(10, spawned=False)
+    s.uid, s.held = -1, True
+    other = w.session(11)
+    w.mark(s, 0xA)
+    w.mark(other, 0xB)
+    w.denials.access(_access(0xA, "/etc/a"), None)
+    w.denials.access(_access(0xB, "/etc/b"), None)
+    assert [(e["object"], e["uid"]) for e in w.denials.recent] == [("/etc/a", -1), ("/etc/b", 1000)]
+    s.held, s.uid = False, 1001
+    w.denials.handed(s)
+    assert [(e["object"], e["uid"]) for e in w.denials.recent] == [("/etc/a", 1001), ("/etc/b", 1000)]
 
 
 def test_the_kernel_count_without_the_canary_settles_the_exit(w: World) -> None:
