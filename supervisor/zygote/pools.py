@@ -21,10 +21,10 @@ class Gids:
     process. Handed out round the range, a released gid coming back last;
     a process that left its session (setsid) keeps its gid after the
     session ends, so each round begins with a look at every process's gids
-    (`held`: the range's gids some process has), and a gid held then is
-    passed over for the round. Sound because only take() gives a gid of the
-    range: one taken in this round comes round again only after the next
-    look."""
+    (`held`: the range's gids some process has), and a gid held then, or
+    in use then, is passed over for the round. Sound because only take()
+    gives a gid of the range: one free at the look and taken in the round
+    comes round again only after the next look."""
 
     def __init__(self, first: int, last: int, held: Callable[[int, int], set[int]]) -> None:
         if not 0 < first <= last:
@@ -38,16 +38,21 @@ class Gids:
         size = self.last - self.first + 1
         if len(self.used) >= size:
             raise OSError(errno.EAGAIN, f"all {size} session gids are in use")
-        for _ in range(size + 1):   # (one passed over before the round's look comes round again after it)
+        looked = False
+        while True:   # until a whole round after a look has found none: at most 2 * size steps
             gid = self.next
             if gid == self.first:
-                self.held = self.look(self.first, self.last)
+                if looked:
+                    break
+                # In use then too (a pooled child not forked yet has no process): passed over until the next look.
+                self.held, looked = self.look(self.first, self.last) | self.used, True
             self.next = self.first if gid >= self.last else gid + 1
             if gid not in self.used and gid not in self.held:
                 self.used.add(gid)
                 return gid
-        raise OSError(errno.EAGAIN, f"the {size - len(self.used)} session gid(s) not in use are still held by "
-                      "a process that left its session")
+        # (A look came in this call: what is not in use is held by a process.)
+        raise OSError(errno.EAGAIN, f"the {size - len(self.used)} session gid(s) not in use are held by a process "
+                      "that left its session")
 
     def release(self, gid: int | None) -> None:
         if gid is not None:

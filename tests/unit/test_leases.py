@@ -122,6 +122,10 @@ TAKES = [
     ("held then, free at the next round's look", [{11}, set()], [None, None, 10, 12], [10, 12, 10, 11]),
     ("one passed over before the look is taken after it", [{12}, set()], [None, None, None], [10, 11, 12]),
     ("every gid not in use held: refused", [{11, 12}, {11, 12}], [None, None], [10, "EAGAIN"]),
+    ("in use at the look, no process yet (a pooled child not forked), released: passed over till the next look",
+     [set(), set(), {12}], [None, None, None, 10, 12], [10, 11, 12, 10, "EAGAIN"]),
+    ("free again after the take's own look: found, wherever the take began",
+     [{11, 12}, {11}], [None, None], [10, 12]),
 ]
 
 
