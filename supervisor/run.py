@@ -221,21 +221,25 @@ def _tell_missing_count(name: str, child: Child) -> None:
               file=sys.stderr, flush=True)
 
 
-def _relay_until_exit(name: str, child: Child, r: int, relay: Relay, kept: Journal) -> dict[str, Any] | None:
-    """The stdio relayed and signals forwarded until the `exited` event,
-    which it returns; None if our stdout's reader went away first."""
+def _relay_until_exit(name: str, child: Child, r: int, relay: Relay,
+                      kept: Journal) -> tuple[dict[str, Any] | None, bool]:
+    """The stdio relayed and signals forwarded until the `exited` event:
+    it, or None if our stdout's reader went away first; and whether a
+    signal was forwarded."""
+    signalled = False
     while child.exited is None:
         ready, writable, _ = select.select([child.fileno(), r, *relay.readers()], relay.writers(), [])
         if r in ready:
             for number in os.read(r, 64):   # the wakeup fd: one byte a signal
                 child.signal(number, wait=False)
+                signalled = True
         relay.handle(ready, writable)
         if relay.reader_gone:
-            return None
+            return None, signalled
         if child.fileno() in ready:
             child.poll()
             _tell_denied(name, child, kept)
-    return child.exited
+    return child.exited, signalled
 
 
 def _on_pipes(described: dict[str, Any], extra: list[str], env: dict[str, str]) -> bool:
@@ -304,14 +308,15 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
         finally:
             relay.started()
         try:
-            exited = _relay_until_exit(args.name, child, r, relay, kept)
+            exited, signalled = _relay_until_exit(args.name, child, r, relay, kept)
         except (OSError, clients.SupervisorError) as e:   # (killed, say): no exit status to give
             return fail(1, f"{args.name}: lost {supervisor_of(args)} while it ran: {e}")
         if exited is None:
             # Our reader is gone: as if we had died of SIGPIPE, a disconnect
             # (the supervisor ends the server as its on_disconnect says).
             return 128 + signal.SIGPIPE
-        relay.drain(r)
+        # A client that signalled us may wait for our exit without reading (terminate(), then wait()).
+        relay.drain(r, patient=not signalled)
         child.settle()   # the kernel's count, and any denial told after `exited`
         _tell_denied(args.name, child, kept)
         if exited.get("reason") == "shutdown":

@@ -193,17 +193,18 @@ class Relay:
             if s.dst == 1:
                 _on_devnull(1)           # EOF to our reader
 
-    def drain(self, wakeup: int, timeout: float = 1.0) -> None:
-        """After the child's exit: what it wrote, until EOF. What our reader
-        has not taken yet is waited for as long as it takes (direct pipes
-        would keep it for the reader); pipes quiet for `timeout` (a leftover
-        holding one) end it, as does a signal to us (a byte on `wakeup`)."""
+    def drain(self, wakeup: int, patient: bool = True, timeout: float = 1.0) -> None:
+        """After the child's exit: what it wrote, until EOF. Patient: what
+        our reader has not taken yet is waited for as long as it takes
+        (direct pipes would keep it for the reader). Pipes quiet for
+        `timeout` (a leftover holding one; or our reader not reading, if not
+        patient) end it, as does a signal to us (a byte on `wakeup`)."""
         for s in [s for s in self.streams if s.src == 0]:
             self._end(s, "eof")
         while self.streams and not self.reader_gone:
             writers = self.writers()
             readable, writable, _ = select.select([wakeup, *self.readers()], writers, [],
-                                                  None if writers else timeout)
+                                                  None if writers and patient else timeout)
             if wakeup in readable or not (readable or writable):
                 break
             self.handle(readable, writable)

@@ -31,6 +31,8 @@ SCRIPTS = {
     "wloud": "read line; while :; do echo y; done",
     # more than run's stdout holds (256 KiB), less than that and its own pipe (1 MiB): then it exits
     "wburst": "read line; head -c 1000000 /dev/zero",
+    # as wburst, when it is told to end
+    "wlast": "trap 'head -c 1000000 /dev/zero; exit 0' TERM; read line; echo ready; sleep 100 & wait",
     "wtrap": "read line; trap 'echo caught; exit 42' TERM INT; echo ready; sleep 100 & wait",
     "wexit": 'read code; [ "$code" = kill ] && kill -9 $$; exit $code',
 }
@@ -131,14 +133,31 @@ def test_what_the_server_wrote_before_it_exited_waits_for_a_slow_reader(daemon):
 
 @pytest.mark.timeout(60)
 def test_a_signal_ends_runs_wait_for_a_reader_that_never_reads(daemon):
+    [server] = _warm(daemon, "wburst")
     proc = _run(daemon, "wburst")
     proc.stdin.write(b"go\n")
     proc.stdin.close()
-    time.sleep(1.5)
+    assert wait_until(lambda: not alive(server), 10)
+    time.sleep(0.5)   # run has the `exited`: it drains, its stdout full
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0   # the server's own exit, which came first
+    assert proc.wait(10) == 0   # the server's own exit
     proc.stdout.close()
     proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_client_that_terminates_run_then_waits_without_reading_gets_its_exit(daemon):
+    """terminate(), then wait(): what the server wrote as it ended is not
+    waited for past a second of our reader not reading (with direct pipes
+    the client's wait() returns as the server ends)."""
+    proc = _run(daemon, "wlast")
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    assert read_line(proc.stdout.fileno()) == b"ready\n"
+    proc.terminate()
+    assert proc.wait(10) == 0   # the server's trap's exit
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
 
 
 @pytest.mark.timeout(60)
