@@ -142,7 +142,8 @@ class WarmServers:
         server of before retired, new ones started for these."""
         self.retire_all("the manifests were reloaded")
         self.manifests, self.unkept = {}, {}
-        unscoped = _unscoped_uids(manifests.values())
+        # The sessions still running count too: a reload leaves them their manifest of before.
+        unscoped = _unscoped_uids([*manifests.values(), *(s.manifest for s in self.children.sessions.values())])
         for name, m in manifests.items():
             if m.warm and _uid(m) in unscoped:
                 self.unkept[name] = f"uid {_uid(m)}'s sessions may signal a warm server ({unscoped[_uid(m)]})"
@@ -351,7 +352,7 @@ def _unscoped_uids(manifests: Iterable[Manifest]) -> dict[int, str]:
     the others (a warm spare among them could be stopped, or sent SIGUSR1,
     which starts node's inspector, while it waits for its client)."""
     unscoped: dict[int, str] = {}
-    for m in manifests:
+    for m in {id(m): m for m in manifests}.values():   # (a manifest of many sessions: once)
         why = signal_unscoped(m.spec, landlock.probe(m.spec.max_abi))
         if why is not None:
             unscoped.setdefault(_uid(m), f"Landlock's signal scope for {m.name}: {why}")

@@ -388,6 +388,18 @@ def test_no_warm_server_where_a_session_of_its_uid_may_signal_it(lab):
         child.kill()
         child.close()
     assert sv.client.describe("wcat")["warm"] == 1
+    # A reload gives shared-unscoped the scope; its session of before runs on without it: still none kept.
+    running = sv.client.spawn("shared-unscoped", stdio="pipes")
+    lab.manifest("shared-unscoped", command="/bin/cat", user=65532, sandbox=system)
+    sv.signal(signal.SIGHUP)
+    assert wait_until(lambda: sv.log().count("shared.yaml: warning: warm: 1 not kept") == 2, 10), sv.log()
+    assert not _warm(sv, "shared")
+    running.kill()
+    running.wait(10)
+    running.close()
+    assert wait_until(lambda: running.pid not in {c["pid"] for c in sv.client.list()["children"]}, 10)
+    sv.signal(signal.SIGHUP)   # its last unscoped session gone: kept from the next reload on
+    assert wait_until(lambda: _warm(sv, "shared"), 10), sv.log()
 
 
 @pytest.mark.timeout(60)
