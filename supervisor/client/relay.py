@@ -13,8 +13,8 @@ A splice moves at most what a pipe holds (64 KiB by default), and every
 move wakes a process: the child's pipes are widened to 1 MiB and our own
 stdin and stdout, where they are pipes, to 256 KiB (the client's: they
 count against its uid's pipe pages, so a quarter; never shrunk), where
-this user may. A 5 MiB round trip still costs a process hop: +37-68%
-against direct pipes to a client that only moves bytes, +2.5-5.9% to the
+this user may. A 5 MiB round trip still costs a process hop: +10-68%
+against direct pipes to a client that only moves bytes, +2.5-14% to the
 official SDK, whose own reading dominates (docs/performance.md, "Fourth
 pass" and after). A chunk moved is followed by the next without a select() in
 between where that cannot block (never from a terminal), and not after a
