@@ -5,7 +5,7 @@ import landlock
 
 from ..errors import Code, Refused
 
-MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (those kept aside)
+MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (a warm server's is kept aside: `keep`)
 
 
 class Confinements:
