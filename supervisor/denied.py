@@ -1,8 +1,9 @@
 """Denials as a person reads them: one line each (`landlock-supervisor denials`, and `--session ID` for what a `run` kept: journal.py), a session's summary.
 
 The names in a denial are the server's to choose (its files, its comm):
-every character that is not printable is escaped before it reaches a
-terminal or a log.
+each is one token (manifests/scalar.token: double-quoted, escaped, where
+it is not plain), and every other character that is not printable is
+escaped before it reaches a terminal or a log.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import sys
 import time
 from collections.abc import Mapping
+
+from .manifests.scalar import token
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -29,9 +32,12 @@ def line(event: Mapping[str, Any], with_manifest: bool = False) -> str:
     who = ""
     process = event.get("process")
     if process:
-        who = f" (pid {process.get('pid')} {clean(process.get('comm') or '?')})"
+        who = f" (pid {process.get('pid')} {token(str(process.get('comm') or '?'))})"
     where = f"{event.get('manifest')}: " if with_manifest else ""
-    text = f"{where}denied {','.join(event.get('rights', []))} {clean(event.get('object'))}{who}"
+    # A path or a comm the server chose, one token: its tail cannot pass for our words.
+    obj = event.get("object")
+    obj = token(str(obj)) if event.get("kind") in ("path", "abstract_unix_socket") else clean(obj)
+    text = f"{where}denied {','.join(event.get('rights', []))} {obj}{who}"
     if event.get("allow"):
         text += f": allow with `{clean(event['allow'])}`"
     elif event.get("why_not"):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from landlock import audit, rights
 
 from .. import protocol
-from ..manifests import refusal
+from ..manifests import refusal, scalar
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: mypy takes the name)
 if TYPE_CHECKING:
@@ -98,7 +98,10 @@ def allow_line(blockers: tuple[str, ...], path: str | None, port: int | None,
     why = refusal.why_not(path, known)
     if why is not None:
         return None, f"not proposed: {why}"
-    return f"{cls}: [{path}]", None
+    if not scalar.writable(path):
+        return None, "not proposed: a manifest cannot name this path as it is"
+    # One token: a path the server chose with a comma or a bracket in it is one grant, not two.
+    return f"{cls}: [{scalar.token(path)}]", None
 
 
 def describe(access: audit.Access) -> tuple[str, str]:
@@ -106,7 +109,7 @@ def describe(access: audit.Access) -> tuple[str, str]:
     if access.port is not None:
         return "tcp", f"{access.addr or '?'}:{access.port}"
     if access.opid is not None:
-        return "process", f"pid {access.opid} ({access.ocomm or '?'})"
+        return "process", f"pid {access.opid} ({scalar.token(access.ocomm or '?')})"
     if any(b == "scope.abstract_unix_socket" for b in access.blockers):
         return "abstract_unix_socket", "@" + (access.path or "").lstrip("\0")
     return "path", access.path or "?"

@@ -9,12 +9,14 @@ with `run`.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sechelpers import Identity, case
 from svhelpers import PYTHON, REPO, run
@@ -131,6 +133,39 @@ def test_a_server_cannot_pass_its_lines_for_the_supervisors(lab: Any, ident: Ide
     assert "/root" not in real.stdout and "/etc/passwd" not in real.stdout
     forged = _cli("denials", "--session", FORGED_ID, state=journal)
     assert forged.returncode == 1 and f"no session {FORGED_ID}" in forged.stderr and forged.stdout == ""
+
+
+@pytest.mark.audit
+@case("proposal-one-token")
+def test_a_path_the_server_names_is_one_token_of_the_proposal(lab: Any, ident: Identity, host_audit: Any) -> None:
+    """Attempt: be denied a file whose path carries a second grant and words
+    like ours (`.../a, /root): allow with`), so that the proposal, pasted
+    into a manifest, grants a second path, and the line read with `denials
+    --session` tells a false `allow with`. Stopped by: the path is one token
+    (double-quoted where it is not plain): the proposal grants exactly it, and
+    the line shows it quoted before our own words."""
+    _sh(lab, ident)
+    sv = lab.start(extra=["--audit", "detail"])
+    names = lab.dir / "names" / "a, "   # (a name holds no slash: the path's tail is a directory and its file)
+    names.mkdir(parents=True)
+    for d in (names, names.parent):
+        d.chmod(0o755)
+    path = names / "root): allow with `x"   # unquoted, `read_only_noexec: [.../a, /root): ...]`
+    path.write_text("x\n")
+    path.chmod(0o644)   # DAC lets every uid read: Landlock denies
+    journal = lab.dir / "client-state"
+    out = subprocess.run([PYTHON, "-m", "supervisor", "run", "--socket", str(sv.socket_path), "--state-root",
+                          str(journal), "sh", f"cat '{path}' >/dev/null 2>&1; true"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+    assert out.returncode == 0, out.stderr
+    session = out.stderr.split("--session ")[1].split()[0]
+    shown = _cli("denials", "--session", session, "--json", state=journal)
+    assert shown.returncode == 0, shown.stderr
+    [event] = [e for e in map(json.loads, shown.stdout.splitlines()) if e.get("object") == str(path)]
+    assert yaml.safe_load(event["allow"]) == {"read_only_noexec": [str(path)]}, event["allow"]
+    text = _cli("denials", "--session", session, state=journal).stdout
+    quoted = '"' + str(path) + '"'
+    assert f"denied fs.read_file {quoted} (pid " in text and f"allow with `read_only_noexec: [{quoted}]`" in text, text
 
 
 @pytest.mark.audit

@@ -83,6 +83,11 @@ KNOWN = refusal.known({"/root", "/home/ann"}, ("/srv/llsv-state",))
     (("fs.change_topology",), "/mnt", None, None),
     (("fs.read_file",), "/srv/llsv-state/parsed/x.json", None, None),   # the supervisor's state root
     (("fs.read_file",), "/srv/home/bob/.ssh/id_test", None, None),      # a home passwd does not list
+    # A path the server chose is one grant, however it is named:
+    (("fs.read_file",), "/tmp/a, /home/ann/f", None, 'read_only_noexec: ["/tmp/a, /home/ann/f"]'),
+    (("fs.read_file",), "/tmp/x], read_write: [/root", None, 'read_only_noexec: ["/tmp/x], read_write: [/root"]'),
+    (("fs.read_file",), "/tmp/caf\u00e9 #1", None, 'read_only_noexec: ["/tmp/caf\\u00e9 #1"]'),
+    (("fs.read_file",), "/tmp/${HOME}", None, None),   # the loader would expand it: another path
 ])
 def test_the_manifest_line_that_would_allow_it(blockers: tuple[str, ...], path: str | None, port: int | None,
                                                line: str | None) -> None:
@@ -361,6 +366,20 @@ def test_lines_escape_what_the_server_named() -> None:
     assert "\x1b" not in text and "\n" not in text and "\r" not in text
     assert denied.line({"rights": ["fs.read_file"], "object": "/etc/x", "allow": "read_only_noexec: [/etc/x]"}) \
         == "denied fs.read_file /etc/x: allow with `read_only_noexec: [/etc/x]`"
+
+
+def test_a_path_or_comm_the_server_chose_is_one_token_of_the_line() -> None:
+    """Its tail cannot pass for our words (a forged `: allow with`), and the
+    proposal, pasted into a manifest, grants exactly that path."""
+    import yaml
+    path = "/tmp/x (pid 1 node): allow with `read_write: [/root]`"
+    allow, _ = d.allow_line(("fs.read_file",), path, None, KNOWN)
+    assert allow is not None and yaml.safe_load(allow) == {"read_only_noexec": [path]}
+    event = {"rights": ["fs.read_file"], "kind": "path", "object": path, "allow": allow,
+             "process": {"pid": 5, "comm": "x): allow"}}
+    text = denied.line(event)
+    assert text.startswith('denied fs.read_file "/tmp/x (pid 1 node): allow with `read_write: [/root]`" '
+                           '(pid 5 "x): allow"): allow with `read_only_noexec: ["/tmp/x'), text
 
 
 @pytest.mark.parametrize("counts, mode, expect", [
