@@ -12,6 +12,7 @@ import os
 import prctl
 
 from . import namespaces
+from ..stdio import keep_stdio_open
 from .log import log
 
 __all__ = ["KEEP_CAPABILITIES", "keep_stdio_open", "prepare"]
@@ -39,15 +40,3 @@ def prepare(state_root: str | None) -> namespaces.Isolation | None:
         from landlock import privileges
         privileges.limit_bounding_set(KEEP_CAPABILITIES)
     return isolation
-
-
-def keep_stdio_open() -> None:
-    """Fds 0-2 always open, so a received fd never lands on them."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open("/dev/null", os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd, inheritable=False)
-                os.close(null)

@@ -35,6 +35,7 @@ SCRIPTS = {
     "wlast": "trap 'head -c 1000000 /dev/zero; exit 0' TERM; read line; echo ready; sleep 100 & wait",
     "wtrap": "read line; trap 'echo caught; exit 42' TERM INT; echo ready; sleep 100 & wait",
     "wexit": 'read code; [ "$code" = kill ] && kill -9 $$; exit $code',
+    "wfds": 'read line; echo "stderr $(readlink /proc/self/fd/2)"',
 }
 
 
@@ -44,6 +45,8 @@ def daemon(lab):
         lab.manifest(name, command="/bin/sh", args=["-c", script], warm=1, user=65534,
                      sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "read_only_noexec": ["/proc"]})
     lab.manifest("fresh", command="/bin/cat", user=65534, sandbox={"profiles": ["system"]})
+    lab.manifest("fresh-fds", command="/bin/sh", args=["-c", SCRIPTS["wfds"]], user=65534,
+                 sandbox={"profiles": ["system"], "read_only": ["/usr/bin"], "read_only_noexec": ["/proc"]})
     sv = lab.start()
     assert wait_until(lambda: all(_warm(sv, name) for name in SCRIPTS), 20), sv.log()
     return sv
@@ -158,6 +161,19 @@ def test_a_client_that_terminates_run_then_waits_without_reading_gets_its_exit(d
     assert proc.wait(10) == 0   # the server's trap's exit
     for f in (proc.stdin, proc.stdout, proc.stderr):
         f.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, stderr", [("fresh-fds", b"/dev/null"), ("wfds", b"pipe:[")])
+def test_run_started_with_its_stderr_closed_passes_no_fd_of_its_own(daemon, lab, name, stderr):
+    """A client that closed fd 2 before starting run: a server on run's own
+    fds gets /dev/null as its stderr, never run's signal pipe (a warm one
+    keeps its pipe, relayed to /dev/null), and nothing of run's goes to
+    stdout (Python's print(file=None) would write there: the MCP stream)."""
+    proc = subprocess.run(["/bin/sh", "-c", 'exec "$@" 2>&-', "sh", *RUN, "--socket", str(daemon.socket_path),
+                           "run", name], input=b"go\n", capture_output=True, cwd="/", env=ENV, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.startswith(b"stderr " + stderr) and proc.stdout.count(b"\n") == 1, \
+        proc
 
 
 @pytest.mark.timeout(60)
