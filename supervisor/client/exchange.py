@@ -206,6 +206,10 @@ def spawn(sock: _socket.socket, request: dict[str, Any], stdio: Sequence[int]
             raise error_from(reply)
         if len(fds) != (3 if request.get("stdio") == "pipes" else 0):
             raise protocol.ProtocolError(f"a malformed reply: `spawned` came with {len(fds)} fds", Code.INTERNAL)
+        # What ChildState reads without a default: checked here, where the pipes are still closed on failure.
+        for key, kind in (("pid", int), ("pgid", int), ("report", dict)):
+            if not isinstance(reply.get(key), kind):
+                raise protocol.ProtocolError(f"a malformed reply: `spawned` without a {key}", Code.INTERNAL)
     except BaseException:
         protocol.close_all(fds)
         sock.close()

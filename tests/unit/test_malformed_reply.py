@@ -16,8 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def garbage(tmp_path: Path) -> Iterator[str]:
+def _fake(tmp_path: Path, reply: bytes) -> Iterator[str]:
+    """A supervisor that answers every request with `reply`."""
     path = str(tmp_path / "fake.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -31,7 +31,7 @@ def garbage(tmp_path: Path) -> Iterator[str]:
                 return
             with conn:
                 conn.recv(65536)
-                conn.send(b"\x00not json {")
+                conn.send(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -41,6 +41,17 @@ def garbage(tmp_path: Path) -> Iterator[str]:
     thread.join(5)
 
 
+@pytest.fixture
+def garbage(tmp_path: Path) -> Iterator[str]:
+    yield from _fake(tmp_path, b"\x00not json {")
+
+
+@pytest.fixture
+def bare_spawned(tmp_path: Path) -> Iterator[str]:
+    """`spawned` without its pid, pgid and report (to describe too)."""
+    yield from _fake(tmp_path, b'{"v": 1, "event": "spawned"}')
+
+
 @pytest.mark.parametrize("command", [["ping"], ["stats"], ["run", "x", "--", "true"]])
 def test_a_malformed_reply_is_one_line(garbage: str, command: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "supervisor", "--socket", garbage, *command], cwd=REPO,
@@ -48,3 +59,13 @@ def test_a_malformed_reply_is_one_line(garbage: str, command: list[str]) -> None
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert "malformed reply" in r.stderr and r.stdout == ""
+
+
+def test_a_spawned_without_its_fields_is_a_protocol_error_not_a_traceback(bare_spawned: str) -> None:
+    from supervisor.client import Client
+    from supervisor.protocol import ProtocolError
+    with pytest.raises(ProtocolError, match="`spawned` without a pid"):
+        Client(bare_spawned).spawn("x")
+    r = subprocess.run([sys.executable, "-m", "supervisor", "--socket", bare_spawned, "run", "x"], cwd=REPO,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "malformed reply" in r.stderr, r.stderr
