@@ -15,6 +15,7 @@ import _socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import protocol
 from . import exchange as core
 from .sync import Client, connect_first
 from .paths import default_socket_paths
@@ -65,8 +66,17 @@ class AsyncChild(core.ChildState):
             return self.denial_counts
 
     async def signal(self, sig: int = signals.SIGTERM, group: bool = True) -> None:
+        if self._lock.locked():
+            # Another task reads the connection (wait(), say, until the exit
+            # this signal brings): the request only sent, its reply is that reader's.
+            self._send_signal(sig, group)
+            return
         async with self._lock:
             await _run(self._signal(sig, group))
+
+    def _send_signal(self, sig: int, group: bool) -> None:
+        if self.exited is None:
+            protocol.send(self._sock, core.signal_request(sig, group))
 
     async def terminate(self) -> None:
         await self.signal(signals.SIGTERM)
@@ -78,11 +88,16 @@ class AsyncChild(core.ChildState):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._lock.locked():
+            self._send_signal(signals.SIGKILL, True)   # (as signal(): the task reading ends with the exit)
         try:
-            async with self._lock:
-                await asyncio.wait_for(_run(self._leave()), 10)
+            await asyncio.wait_for(self._leave_locked(), 10)
         except asyncio.TimeoutError:
             pass
+
+    async def _leave_locked(self) -> None:
+        async with self._lock:
+            await _run(self._leave())
 
 
 class AsyncClient:

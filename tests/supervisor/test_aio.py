@@ -55,3 +55,24 @@ def test_errors_are_exceptions(shared_sv):
         with pytest.raises(NoSuchManifest):
             await client.spawn("no-such-server")
     _run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_or_the_blocks_end_while_another_task_waits(shared_sv):
+    """asyncio.subprocess's way: one task awaits wait(), another terminates
+    the child or leaves its `async with`: neither waits for the other."""
+    async def main():
+        client = AsyncClient(str(shared_sv.socket_path))
+        null = os.open(os.devnull, os.O_RDWR)
+        child = await client.spawn("sleep", ["30"], stdin=null, stdout=null, stderr=null)
+        waiting = asyncio.create_task(child.wait())
+        await asyncio.sleep(0.2)
+        await asyncio.wait_for(child.terminate(), 5)
+        assert await waiting == -signal.SIGTERM
+        child.close()
+        async with await client.spawn("sleep", ["30"], stdin=null, stdout=null, stderr=null) as child:
+            waiting = asyncio.create_task(child.wait())
+            await asyncio.sleep(0.2)
+        assert await waiting == -signal.SIGKILL
+        os.close(null)
+    _run(main())
