@@ -14,7 +14,7 @@ from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 from .failure import fail, supervisor_of, talking, warn
 from .serve import ROOT_HELP
-from .stdio import keep_stdio_open
+from .stdio import OwnLines, keep_stdio_open
 
 # The rest is imported where used: a private supervisor is forked first.
 TYPE_CHECKING = False   # (typing's own, without importing typing: mypy takes the name)
@@ -47,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
     """Spawn NAME with our stdio (in a private supervisor of --manifests,
     forked before any thread), wait for it, exit as it did."""
     keep_stdio_open()   # (before any fd of ours: the wakeup pipe, the socket)
+    sys.stderr = OwnLines(sys.stderr)  # type: ignore[assignment]
     _warn_foreign_imports()
     if args.env:   # the old spelling, for one release
         warn(f"run --env {args.env[0]} is deprecated: use run --pass-env {args.env[0]}")

@@ -177,6 +177,20 @@ def test_run_started_with_its_stderr_closed_passes_no_fd_of_its_own(daemon, lab,
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["fresh", "wcat"])
+def test_a_stderr_nobody_reads_any_more_takes_runs_own_lines_not_the_session(daemon, name):
+    """run's stderr's reader is gone before run says a word of its own (a
+    variable it does not pass): the line is dropped, the session runs, and
+    run exits as the server did (not 1, with a traceback)."""
+    r, w = os.pipe()
+    os.close(r)
+    proc = subprocess.run([*RUN, "--socket", str(daemon.socket_path), "run", name], input=b"hello\n",
+                          stdout=subprocess.PIPE, stderr=w, cwd="/", env={**ENV, "SOME_TOKEN": "x"}, timeout=30)
+    os.close(w)
+    assert proc.returncode == 0 and proc.stdout == b"hello\n", proc
+
+
+@pytest.mark.timeout(60)
 def test_our_readers_going_ends_the_session_like_a_disconnect(daemon, lab):
     """run's stdout reader dies: EPIPE; the session ends as if the client
     disconnected: run exits as SIGPIPE would have it, the server ends."""
