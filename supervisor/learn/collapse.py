@@ -7,7 +7,7 @@ file; /proc/<pid> as /proc (it binds one process), flagged; writes only
 where learning let the server write (its state directory, /tmp, the
 --write paths): an attempt elsewhere is a proposal, never a grant. Never
 /, a whole home, or a path holding a secret location; never a path a
-manifest cannot name exactly (names.writable): refused, listed.
+manifest cannot name exactly (manifests/scalar.writable): refused, listed.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..manifests.refusal import known, why_not
 from ..manifests.secrets import within
 from . import temporary as temporaries
 from .exclude import Excluded, refusal
-from .names import writable as nameable
+from ..manifests.scalar import writable as nameable
 from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, CREATE, EXEC, LIST, READ, REMOVE, WRITE, WRITE_KINDS, Access
 
 R, W, X = "r", "w", "x"

@@ -1,9 +1,9 @@
 """A proposal -> the commented YAML manifest `serve` loads as it is (and the variants learn's runs load).
 
 PyYAML writes no comments, so the text is written here: every string is
-double-quoted with every character but printable ASCII escaped (names.q),
+double-quoted with every character but printable ASCII escaped (manifests/scalar.q),
 every grant has its why on its line. What a server chose reaches a comment escaped
-(names.clean): a line break there would end the comment and start YAML.
+(denied.clean): a line break there would end the comment and start YAML.
 `${STATE_DIR}` is left for the loader to expand.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .collapse import Grant, Proposal
-from .names import clean, q
+from ..denied import clean
+from ..manifests.scalar import q
 
 PATH_CLASSES = ("read_only", "read_only_noexec", "read_write", "read_write_noexec")
 _WIDTH = 48   # the column comments start at

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from ..manifests.secrets import within
 from .collapse import RIGHTS, Proposal, describe
 from . import temporary
-from .names import clean, q
+from ..denied import clean
+from ..manifests.scalar import q
 from .runner import Run
 from .session import RPC_ERROR, TIMEOUT, TOOL_ERROR, Outcome
 from .trace import BIND_TCP, CONNECT_TCP, CONNECT_UNIX, EXEC, WRITE_KINDS, Access

@@ -25,7 +25,7 @@ MAX_MANIFEST_BYTES = 256 * 1024
 _KEPT_BYTES = 8 * MAX_MANIFEST_BYTES   # an entry: the text and its document, JSON-escaped
 _KEPT_ENTRIES = 256                    # the least recently written go (one per manifest path ever parsed)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")   # what the loader expands (learn/names.py too)
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")   # what the loader expands (manifests/scalar.writable too)
 
 
 class ManifestError(ValueError):

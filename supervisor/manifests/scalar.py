@@ -32,7 +32,9 @@ def q(text: str) -> str:
 def writable(path: str) -> bool:
     """A manifest can name exactly this path: one the loader reads back as
     it is (no `${NAME}`, which it would expand: a server's `/tmp/${HOME}`
-    would be another path, or an unset variable a manifest that does not load)."""
+    would be another path, or an unset variable a manifest that does not load),
+    and no UTF-8 it lacks (strace's bytes, kept as surrogates, name no
+    character a manifest can hold: refused, never approximated)."""
     from .file import VARIABLE
     if VARIABLE.search(path):
         return False

@@ -178,8 +178,8 @@ def test_a_write_path_inside_an_excluded_home_is_granted_as_given() -> None:
     ("/tmp/${HOME}", False), ("/x/${STATE_DIR}/y", False), ("/tmp/$HOME", True), ("/tmp/${}", True),
 ])
 def test_a_path_is_written_only_exactly(path: str, ok: bool) -> None:
-    """names.writable: the JSON-quoted scalar parses back to exactly the path."""
-    from supervisor.learn.names import q, writable
+    """manifests/scalar.writable: the JSON-quoted scalar parses back to exactly the path."""
+    from supervisor.manifests.scalar import q, writable
     from supervisor.manifests.document import parse
     assert writable(path) == ok
     if ok:
