@@ -43,7 +43,10 @@ def add_arguments(learn: argparse.ArgumentParser) -> None:
                        help="the state root of the supervisor that will serve it (its area is copied for the runs)")
     learn.add_argument("--rounds", type=int, default=5, metavar="N", help="runs at most (default 5)")
     learn.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="for each reply of the session (default 60)")
+                       help="for each reply of the session, from the server's read of its request (default 60)")
+    learn.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="for the server to read its first request: a first npx -y or uvx fetches its "
+                            "packages meanwhile (default 300)")
     learn.add_argument("--allow-tool-errors", action="store_true",
                        help="a tool's error reply (isError, a JSON-RPC error) is no failure: for sessions that "
                             "call failing tools on purpose (no reply in time still is)")
@@ -59,8 +62,8 @@ def main(args: argparse.Namespace) -> int:
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         return fail(learner.EXIT_USAGE, "learn: no command (learn [OPTIONS] -- COMMAND ARGS...)")
-    if not 1 <= args.rounds <= 20 or args.timeout <= 0:
-        return fail(learner.EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout positive")
+    if not 1 <= args.rounds <= 20 or args.timeout <= 0 or args.start_timeout <= 0:
+        return fail(learner.EXIT_USAGE, "learn: --rounds is 1 to 20, --timeout and --start-timeout positive")
     try:
         env = dict(parse_env(args.env))
         lines = None
@@ -93,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     opts = learner.Options(command=command, name=args.name, out=args.out,
                            session=plan, session_text=session_text, writes=writes, cwd=cwd, env=env,
                            inherit_env=args.inherit_env, state_root=state_root, rounds=args.rounds,
-                           timeout=args.timeout, keep=args.keep,
+                           timeout=args.timeout, start_timeout=args.start_timeout, keep=args.keep,
                            allow_tool_errors=args.allow_tool_errors)
     return run(opts)
 

@@ -54,6 +54,7 @@ class Options:
     state_root: str | None = None
     rounds: int = 5
     timeout: float = 60.0
+    start_timeout: float = 300.0   # for the server to read its first request (packages fetched)
     keep: bool = False
     allow_tool_errors: bool = False   # a tool's error reply (isError, a JSON-RPC error) is no failure
 
@@ -201,6 +202,7 @@ class Learner:
             f.write(text)
         cwd = self.opts.cwd or self.state_dir
         return runner.run(manifest, self.name, self.state_root, self.opts.session, timeout=self.opts.timeout,
+                          start_timeout=self.opts.start_timeout,
                           trace_dir=self._current_trace, cwd=cwd,
                           stderr_path=os.path.join(self.private, f"round-{number}.stderr"),
                           uid=self.uid, gids=self.gids, dynamic_uids_of=self.real_state_root if self.root else None)

@@ -55,7 +55,7 @@ DenialSource = Callable[[Run], list[Access]]
 
 
 def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]], *, timeout: float,
-        trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...],
+        start_timeout: float, trace_dir: str, cwd: str, stderr_path: str, uid: int, gids: tuple[int, ...],
         dynamic_uids_of: str | None = None) -> Run:
     started = time.monotonic()
     log = os.path.join(os.path.dirname(stderr_path), "supervisor.log")
@@ -85,7 +85,7 @@ def run(manifest: str, name: str, state_root: str, plan: Sequence[dict[str, Any]
                 os.close(fd)
         with child:
             try:
-                outcomes = drive(in_w, out_r, plan, timeout)
+                outcomes = drive(in_w, out_r, plan, timeout, start_timeout)
             finally:
                 os.close(in_w)
             status = _finish(child)

@@ -5,9 +5,12 @@ roots/list) get a minimal answer, so the session does not stall on them.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
+import struct
+import termios
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -78,17 +81,21 @@ class Outcome:
         return f"{self.method} {self.tool}" if self.tool else self.method
 
 
-def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: float) -> list[Outcome]:
+def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: float,
+          start_timeout: float = 300.0) -> list[Outcome]:
     """Send each request, wait for its reply; stop at the first that gets
-    none (a timeout, the server closing its stdout)."""
+    none (a timeout, the server closing its stdout). The timeout runs once
+    the server has read the request: while it lies unread in the stdin pipe
+    the server is still starting (a first `npx -y` or `uvx` fetches its
+    packages meanwhile), which may last start_timeout from the first send."""
     out: list[Outcome] = []
-    reader = _Reader(stdout)
+    reader = _Reader(stdout, stdin, timeout, time.monotonic() + start_timeout, start_timeout)
     for number, request in enumerate(plan, 1):
         message = {"jsonrpc": "2.0", "id": number, **request}
         tool = request.get("params", {}).get("name") if request["method"] == "tools/call" else None
         try:
             _send(stdin, message)
-            reply = reader.reply(number, stdin, time.monotonic() + timeout)
+            reply = reader.reply(number)
         except (OSError, EOFError, TimeoutError) as e:
             out.append(Outcome(request["method"], False, str(e) or type(e).__name__,
                                TIMEOUT if isinstance(e, TimeoutError) else CLOSED, str(tool or ""), number))
@@ -124,23 +131,31 @@ def _send(fd: int, message: dict[str, Any]) -> None:
         data = data[os.write(fd, data):]
 
 
-class _Reader:
-    def __init__(self, fd: int) -> None:
-        self.fd, self.buffer = fd, b""
+def _unread(fd: int) -> int:
+    """The bytes in the pipe whose write end is fd that no one has read yet."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
-    def reply(self, number: int, stdin: int, deadline: float) -> dict[str, Any]:
+
+class _Reader:
+    def __init__(self, fd: int, stdin: int, timeout: float, started_by: float, start_timeout: float) -> None:
+        self.fd, self.buffer = fd, b""
+        self.stdin, self.timeout, self.started_by, self.start_timeout = stdin, timeout, started_by, start_timeout
+
+    def reply(self, number: int) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout
         while True:
-            message = self._message(deadline)
+            message, deadline = self._message(deadline)
             if "method" in message and "id" in message:   # the server asks us something
                 answers: dict[str, dict[str, Any]] = {"ping": {}, "roots/list": {"roots": []}}
                 answer = answers.get(message["method"])
-                _send(stdin, {"jsonrpc": "2.0", "id": message["id"], **(
+                _send(self.stdin, {"jsonrpc": "2.0", "id": message["id"], **(
                     {"result": answer} if answer is not None else
                     {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})})
             elif message.get("id") == number:
                 return message
 
-    def _message(self, deadline: float) -> dict[str, Any]:
+    def _message(self, deadline: float) -> tuple[dict[str, Any], float]:
+        """The next message, and the deadline as it now stands."""
         while True:
             line, newline, rest = self.buffer.partition(b"\n")
             if newline:
@@ -150,13 +165,21 @@ class _Reader:
                 except ValueError:
                     continue   # a server printing to stdout: not ours to judge here
                 if isinstance(message, dict):
-                    return message
+                    return message, deadline
                 continue
             if len(self.buffer) > MAX_LINE:
                 raise EOFError("a line longer than 16 MiB")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+            now = time.monotonic()
+            starting = now < self.started_by
+            if starting and _unread(self.stdin):
+                deadline = max(deadline, now + self.timeout)   # the timeout runs from its read
+            if now >= deadline:
+                if _unread(self.stdin):
+                    raise TimeoutError(f"not started in time: its stdin unread after {self.start_timeout:g} s")
                 raise TimeoutError("no reply in time")
+            # While it may still be starting, looked at each second.
+            if not select.select([self.fd], [], [], min(deadline - now, 1.0) if starting else deadline - now)[0]:
+                continue
             chunk = os.read(self.fd, 65536)
             if not chunk:
                 raise EOFError("the server closed its stdout")
