@@ -45,7 +45,8 @@ def test_a_refusing_registry_is_npms_error_and_the_step(tmp_path: Path) -> None:
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()   # nobody listens: refused
-    r = _install(tmp_path, port)
+    # npm's pause before its one retry shortened (10 s, then more per package, by default): the error's shape is the same.
+    r = _install(tmp_path, port, npm_config_fetch_retry_mintimeout="100", npm_config_fetch_retry_maxtimeout="200")
     assert r.returncode == 1, r
     assert "ECONNREFUSED" in r.stderr, r.stderr
     assert r.stderr.rstrip().endswith("install-servers: npm install failed (exit 1): its error is above"), r.stderr
