@@ -23,10 +23,14 @@ A splice asks for as much as the child's pipe holds: one move takes all
 that is there (each move wakes the other end), where a read takes 64 KiB
 (its buffer is made for each read).
 Our own stdio are never made non-blocking (the file descriptions are our
-parent's too), and SPLICE_F_NONBLOCK covers a pipe, not a socket (a node
-client's stdio are socketpairs), nor does it cover write(2) to stderr: such
-a move waits while our reader does not read, as the server's own write
-would, and a signal is forwarded once it returns.
+parent's too), yet no move into them may wait for our reader: a signal to
+us is forwarded between moves, and a client that stops reading, then
+sends TERM, must reach the server. SPLICE_F_NONBLOCK covers a pipe, not a
+socket (a node client's stdio are socketpairs): into a socket the bytes
+are read and sent with MSG_DONTWAIT (no splice); into a blocking pipe that
+splice does not serve (stderr), at most PIPE_BUF bytes a write, and only
+once select() has found room (a write that small never waits then, unless
+another writer of that pipe took the room meanwhile).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import errno
 import fcntl
 import os
 import select
+import socket
 import stat
 
 CHUNK = 1 << 16
@@ -48,6 +53,14 @@ class Stream:
 
     def __init__(self, src: int, dst: int, splice: bool, src_ours: bool) -> None:
         self.src, self.dst, self.splice = src, dst, splice
+        # Into our stdout or stderr (blocking: our parent's): a socket takes
+        # send(MSG_DONTWAIT), through a dup of its own (closed with the
+        # stream); a pipe splice does not serve, writes of PIPE_BUF at most.
+        mode = os.fstat(dst).st_mode if src_ours else 0
+        self.sock = socket.socket(fileno=os.dup(dst)) if stat.S_ISSOCK(mode) else None
+        self.fifo = stat.S_ISFIFO(mode)
+        if self.sock is not None:
+            self.splice = False
         # Whether a move after a move cannot block: src is a non-blocking
         # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
         # it (a terminal or a blocking read would wait for the client).
@@ -57,6 +70,11 @@ class Stream:
         self.blocked = False    # dst was full: wait until it is writable
         self.short = False      # the last move took less than a chunk: src is empty (or dst full)
         self.open = True
+
+    @property
+    def small(self) -> bool:
+        """Writes of PIPE_BUF at most, each after select(): a blocking pipe of ours without splice."""
+        return self.fifo and not self.splice
 
     def waits_to_read(self) -> bool:
         return self.open and not self.blocked and not self.pending
@@ -100,21 +118,32 @@ class Stream:
             if not self.pending:
                 return "eof"
             self.short = len(self.pending) < CHUNK
-            self._write()
+            if not self.small:   # (a small write waits for select() to find room)
+                self._write()
             return None
         except BlockingIOError:
             self.blocked = True
             return None
-        except BrokenPipeError:
+        except (BrokenPipeError, ConnectionResetError):
             return "epipe"
         except OSError as e:
             return "epipe" if e.errno == errno.EPIPE else "eof"   # (EIO: a terminal hung up)
 
     def _write(self) -> None:
         try:
-            self.pending = self.pending[os.write(self.dst, self.pending):]
+            if self.sock is not None:
+                sent = self.sock.send(self.pending, socket.MSG_DONTWAIT)
+            else:
+                sent = os.write(self.dst, self.pending[:select.PIPE_BUF] if self.small else self.pending)
+            self.pending = self.pending[sent:]
         except BlockingIOError:
             pass   # the rest when dst is writable
+
+    def close(self) -> None:
+        """Its socket's dup: our reader sees EOF once fd 1 goes too."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 class Relay:
@@ -179,6 +208,7 @@ class Relay:
     def _end(self, s: Stream, how: str) -> None:
         """A stream's end passed on (the module's doc)."""
         s.open = False
+        s.close()
         self.streams.remove(s)
         if s.src == 0:
             os.close(s.dst)              # the child's stdin ends
@@ -212,6 +242,7 @@ class Relay:
 
     def close(self) -> None:
         for s in self.streams:
+            s.close()
             os.close(s.dst if s.src == 0 else s.src)
         self.streams = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ SCRIPTS = {
     # closes its stdout, then still reads and tells on stderr
     "whalf": 'read line; echo "$line"; exec 1>&-; read more; echo "got $more" >&2',
     "wloud": "read line; while :; do echo y; done",
+    "wloud2": "read line; while :; do echo y >&2; done",
     # more than run's stdout holds (256 KiB), less than that and its own pipe (1 MiB): then it exits
     "wburst": "read line; head -c 1000000 /dev/zero",
     # as wburst, when it is told to end
@@ -204,6 +206,39 @@ def test_our_readers_going_ends_the_session_like_a_disconnect(daemon, lab):
     assert wait_until(lambda: not alive(server), 10), state(server)
     proc.stdin.close()
     proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stream, kind", [(1, "socket"), (2, "socket"), (2, "pipe")])
+def test_a_signal_is_forwarded_while_our_reader_does_not_read(daemon, stream, kind):
+    """The server fills run's stdout or stderr, which our reader never
+    reads (a node client's stdio are sockets): run's move never blocks, so
+    our TERM reaches the server and run exits with its status."""
+    name = "wloud" if stream == 1 else "wloud2"
+    ours, theirs = socket.socketpair() if kind == "socket" else (None, None)
+    r, w = os.pipe() if kind == "pipe" else (-1, -1)
+    target = theirs.fileno() if theirs is not None else w
+    out = {"stdout": target} if stream == 1 else {"stderr": target}
+    proc = subprocess.Popen([*RUN, "--socket", str(daemon.socket_path), "run", name], cwd="/", env=ENV,
+                            stdin=subprocess.PIPE, **{"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **out})
+    for fd in (theirs, w):
+        if isinstance(fd, socket.socket):
+            fd.close()
+        elif fd is not None and fd >= 0:
+            os.close(fd)
+    try:
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        time.sleep(1.5)   # our stdout or stderr full: run would wait in its move
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM   # the server's, killed by our TERM
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        if ours is not None:
+            ours.close()
+        if r >= 0:
+            os.close(r)
 
 
 @pytest.mark.timeout(60)
