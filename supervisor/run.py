@@ -320,7 +320,9 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
             return 128 + signal.SIGPIPE
         # A client that signalled us may wait for our exit without reading (terminate(), then wait()).
         relay.drain(r, patient=not signalled)
-        child.settle()   # the kernel's count, and any denial told after `exited`
+        # The kernel's count, and any denial told after `exited`; a signal
+        # to us (forwarded or not) ends the wait: our client wants our exit.
+        child.settle(wakeup=r)
         _tell_denied(args.name, child, kept)
         if exited.get("reason") == "shutdown":
             # Else a client sees a server gone with 143 and not a word.

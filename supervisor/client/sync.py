@@ -32,15 +32,19 @@ __all__ = ["Child", "Client", "ConfinementUnavailable", "NoSuchManifest", "Refus
 _REPLY_TIMEOUT = 10   # seconds: ping, list, stats, describe, signal, status, leaving a `with`
 
 
-def _run(exchange: core.Exchange[core.T], timeout: float | None) -> core.T:
-    """Drive an exchange to its end, waiting in select() for at most `timeout` seconds."""
+def _run(exchange: core.Exchange[core.T], timeout: float | None, wakeup: int | None = None) -> core.T:
+    """Drive an exchange to its end, waiting in select() for at most
+    `timeout` seconds; a byte on `wakeup` (left unread) ends it as the
+    timeout does."""
     deadline = None if timeout is None else time.monotonic() + timeout
     run = core.Run(exchange)
+    others = [] if wakeup is None else [wakeup]
     for wait in run:
         until = deadline if wait.within is None else time.monotonic() + wait.within
         try:
             remaining = None if until is None else max(0.0, until - time.monotonic())
-            if not select.select([wait.sock], [], [], remaining)[0]:
+            sock = wait.sock.fileno()
+            if sock not in select.select([sock, *others], [], [], remaining)[0]:
                 run.thrown = TimeoutError(core.NO_ANSWER)
         except BaseException as e:  # ^C included: the exchange cleans up
             run.thrown = e
@@ -53,12 +57,13 @@ class Child(core.ChildState):
     def wait(self, timeout: float | None = None) -> int:
         return _run(self._exit(), timeout)
 
-    def settle(self, timeout: float = core.SETTLE_BOUND) -> dict[str, Any] | None:
+    def settle(self, timeout: float = core.SETTLE_BOUND, wakeup: int | None = None) -> dict[str, Any] | None:
         """After the exit: its denials in all, the kernel's count included
-        once `settled` came (waited for up to timeout seconds; what was
-        known by then, if it did not come or the connection closed)."""
+        once `settled` came (waited for up to timeout seconds, or until a
+        byte on `wakeup`, a signal's self-pipe say; what was known by then,
+        if it did not come or the connection closed)."""
         try:
-            return _run(self._settle(), timeout)
+            return _run(self._settle(), timeout, wakeup)
         except (TimeoutError, ConnectionError, SupervisorError):   # (a malformed reply: what it knew)
             return self.denial_counts
 

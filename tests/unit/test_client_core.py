@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 
 import pytest
@@ -212,3 +213,24 @@ def test_a_settled_that_never_comes_leaves_what_was_known(pair):
     assert child.settle(0.1) == {**_COUNTS, "kernel": None, "final": False}
     theirs.close()
     assert child.settle(1) == {**_COUNTS, "kernel": None, "final": False}   # closed: no error
+
+
+def test_a_byte_on_the_wakeup_fd_ends_the_wait_for_settled(pair):
+    """`run` waits for the kernel's count with its signals' self-pipe: a
+    signal ends the wait at once, the byte left for its reader."""
+    import time
+    from supervisor.client import Child
+    ours, theirs = pair
+    child = Child(ours, {"pid": 5, "pgid": 5, "report": {}})
+    protocol.send(theirs, {"event": "exited", "pid": 5, "code": 0, "signal": None,
+                           "denials": {**_COUNTS, "kernel": None, "final": False}})
+    r, w = os.pipe()
+    try:
+        os.write(w, b"\x0f")
+        started = time.monotonic()
+        assert child.settle(30, wakeup=r) == {**_COUNTS, "kernel": None, "final": False}
+        assert time.monotonic() - started < 10 and child.exited is not None
+        assert os.read(r, 1) == b"\x0f"
+    finally:
+        os.close(r)
+        os.close(w)
