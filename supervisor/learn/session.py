@@ -5,6 +5,7 @@ roots/list) get a minimal answer, so the session does not stall on them.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -85,16 +86,18 @@ def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: floa
           start_timeout: float = 300.0) -> list[Outcome]:
     """Send each request, wait for its reply; stop at the first that gets
     none (a timeout, the server closing its stdout). The timeout runs once
-    the server has read the request: while it lies unread in the stdin pipe
-    the server is still starting (a first `npx -y` or `uvx` fetches its
-    packages meanwhile), which may last start_timeout from the first send."""
+    the server has read the request: until it reads or says anything, the
+    server is still starting (a first `npx -y` or `uvx` fetches its
+    packages meanwhile), for at most start_timeout from the first send.
+    stdin is made non-blocking (ours alone): no write waits past a deadline."""
+    os.set_blocking(stdin, False)
     out: list[Outcome] = []
-    reader = _Reader(stdout, stdin, timeout, time.monotonic() + start_timeout, start_timeout)
+    reader = _Reader(stdout, stdin, timeout, start_timeout)
     for number, request in enumerate(plan, 1):
         message = {"jsonrpc": "2.0", "id": number, **request}
         tool = request.get("params", {}).get("name") if request["method"] == "tools/call" else None
         try:
-            _send(stdin, message)
+            reader.send(message)
             reply = reader.reply(number)
         except (OSError, EOFError, TimeoutError) as e:
             out.append(Outcome(request["method"], False, str(e) or type(e).__name__,
@@ -102,7 +105,8 @@ def drive(stdin: int, stdout: int, plan: Sequence[dict[str, Any]], timeout: floa
             return out
         out.append(replace(outcome(request["method"], str(tool or ""), reply), number=number))
         if request["method"] == "initialize" and "error" not in reply:
-            _send(stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            with contextlib.suppress(OSError, TimeoutError):   # (the next request finds what failed)
+                reader.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     return out
 
 
@@ -125,21 +129,33 @@ def outcome(method: str, tool: str, reply: dict[str, Any]) -> Outcome:
     return Outcome(method, True, "", "", tool)
 
 
-def _send(fd: int, message: dict[str, Any]) -> None:
-    data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
-    while data:
-        data = data[os.write(fd, data):]
-
-
 def _unread(fd: int) -> int:
     """The bytes in the pipe whose write end is fd that no one has read yet."""
     return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
 
 class _Reader:
-    def __init__(self, fd: int, stdin: int, timeout: float, started_by: float, start_timeout: float) -> None:
+    """One session's two pipes and its clock."""
+
+    def __init__(self, fd: int, stdin: int, timeout: float, start_timeout: float) -> None:
         self.fd, self.buffer = fd, b""
-        self.stdin, self.timeout, self.started_by, self.start_timeout = stdin, timeout, started_by, start_timeout
+        self.stdin, self.timeout, self.start_timeout = stdin, timeout, start_timeout
+        self.started_by = time.monotonic() + start_timeout
+        self.starting = True   # until it reads its stdin or writes to its stdout
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Written whole, or TimeoutError: a server that does not read its
+        stdin never holds us past its start's end or a reply's timeout."""
+        data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        until = max(self.started_by, time.monotonic() + self.timeout) if self.starting else \
+            time.monotonic() + self.timeout
+        while data:
+            try:
+                data = data[os.write(self.stdin, data):]
+            except BlockingIOError:
+                remaining = until - time.monotonic()
+                if remaining <= 0 or not select.select([], [self.stdin], [], remaining)[1]:
+                    raise TimeoutError("its stdin full: not read in time") from None
 
     def reply(self, number: int) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
@@ -148,7 +164,7 @@ class _Reader:
             if "method" in message and "id" in message:   # the server asks us something
                 answers: dict[str, dict[str, Any]] = {"ping": {}, "roots/list": {"roots": []}}
                 answer = answers.get(message["method"])
-                _send(self.stdin, {"jsonrpc": "2.0", "id": message["id"], **(
+                self.send({"jsonrpc": "2.0", "id": message["id"], **(
                     {"result": answer} if answer is not None else
                     {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})})
             elif message.get("id") == number:
@@ -170,17 +186,21 @@ class _Reader:
             if len(self.buffer) > MAX_LINE:
                 raise EOFError("a line longer than 16 MiB")
             now = time.monotonic()
-            starting = now < self.started_by
-            if starting and _unread(self.stdin):
-                deadline = max(deadline, now + self.timeout)   # the timeout runs from its read
-            if now >= deadline:
-                if _unread(self.stdin):
+            if self.starting:
+                if not _unread(self.stdin):
+                    self.starting = False        # it reads: the timeout runs from here (within a second)
+                elif now >= self.started_by:
                     raise TimeoutError(f"not started in time: its stdin unread after {self.start_timeout:g} s")
+                else:
+                    deadline = max(deadline, now + self.timeout)
+            if now >= deadline:
                 raise TimeoutError("no reply in time")
             # While it may still be starting, looked at each second.
-            if not select.select([self.fd], [], [], min(deadline - now, 1.0) if starting else deadline - now)[0]:
+            wait = min(deadline - now, 1.0, self.started_by - now) if self.starting else deadline - now
+            if not select.select([self.fd], [], [], max(wait, 0.0))[0]:
                 continue
             chunk = os.read(self.fd, 65536)
             if not chunk:
                 raise EOFError("the server closed its stdout")
             self.buffer += chunk
+            self.starting = False   # it speaks: started
