@@ -1,15 +1,22 @@
-"""A process's fds 0-2, open before it makes any fd of its own.
+"""A process's fds 0-2: open before it makes any fd of its own, and (`run`'s) written without waiting on their reader.
 
 A command started with one of them closed would otherwise give that number
 to the first fd it makes: a received fd (the supervisor), the signal
 wakeup pipe or the socket (`run`), which would then be a server's stdio,
-or be relayed to as our own. Light to import: `run` is on an MCP client's
-path.
+or be relayed to as our own. `run`'s stdout and stderr are its client's:
+what it relays and the lines it says itself never wait on a client that
+stops reading (Ours, OwnLines), or a signal the client sends would wait
+too. Light to import: `run` is on an MCP client's path.
 """
 from __future__ import annotations
 
+import errno
 import os
+import select
+import socket
+import stat
 import sys
+import time
 
 TYPE_CHECKING = False   # (typing's own name, without importing typing: `run` loads it after its private supervisor)
 if TYPE_CHECKING:
@@ -33,36 +40,127 @@ def keep_stdio_open() -> None:
         sys.stderr = open(2, "w", closefd=False)   # (print(file=None) would write to stdout: the MCP stream)
 
 
+def room(fd: int) -> bool:
+    """Whether a write of PIPE_BUF bytes into fd goes without waiting (a
+    pipe: a free slot; a reader gone counts: the write then fails)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(0))
+
+
+class Ours:
+    """One of our own fds 1 and 2, written without waiting on its reader
+    (its file description is our parent's too: blocking, never made
+    otherwise). A socket (a node client's stdio) by send(MSG_DONTWAIT)
+    through a dup of its own; a pipe PIPE_BUF at a time, once poll() finds
+    room just before (a write that small then never waits, unless another
+    process writing that pipe took the room meanwhile); anything else (a
+    terminal, a file) as it is. `mid_line`: the last byte written was no
+    newline (the server's, when ours come)."""
+
+    def __init__(self, fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        self.fd = fd
+        self.sock = socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
+        self.fifo = stat.S_ISFIFO(mode)
+        self.mid_line = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        """What went without waiting; BlockingIOError if nothing could (and whatever os.write raises)."""
+        if self.sock is not None:
+            n = self.sock.send(data, socket.MSG_DONTWAIT)
+        elif self.fifo:
+            if not room(self.fd):
+                raise BlockingIOError(errno.EAGAIN, "no room")
+            n = os.write(self.fd, data[:select.PIPE_BUF])
+        else:
+            n = os.write(self.fd, data)
+        if n:
+            self.mid_line = bytes(data[n - 1:n]) != b"\n"
+        return n
+
+    def close(self) -> None:
+        """The socket's dup: our reader sees EOF once the fd goes too."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+_ours: dict[int, Ours] = {}
+
+
+def ours(fd: int) -> Ours:
+    """The one Ours of fd 1 or 2 (the relay and our own lines share it)."""
+    if fd not in _ours:
+        _ours[fd] = Ours(fd)
+    return _ours[fd]
+
+
+def forget(fd: int) -> None:
+    """fd replaced (/dev/null put on it): its Ours closed, made again if asked for."""
+    out = _ours.pop(fd, None)
+    if out is not None:
+        out.close()
+
+
+def on_devnull(fd: int) -> None:
+    """Our fd replaced by /dev/null: the other end's holder sees it closed
+    (no dup of ours keeps it), and no later open takes the number."""
+    forget(fd)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
 class OwnLines:
-    """Our stderr for our own lines (`run`'s): its reader gone (EPIPE), fd
-    2 is put on /dev/null and the line dropped, so that a lost reader of
-    what we say never ends the session or replaces the server's exit
-    status with a traceback's."""
+    """Our stderr for our own lines (`run`'s), never waiting long on its
+    reader: each line whole, after a newline if the server's bytes before
+    it ended mid-line; a line that finds no room within LINE_WAIT is
+    dropped (and the next ones at once, until one goes), for a client that
+    stops reading stderr must still get its signals to the server; its
+    reader gone (EPIPE), fd 2 is put on /dev/null and the line dropped, so
+    that a lost reader of what we say never ends the session or replaces
+    the server's exit status with a traceback's."""
+
+    LINE_WAIT = 0.5
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.partial = ""
+        self.dropping = False
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            self._mute()
-            return len(text)
+        self.partial += text
+        *lines, self.partial = self.partial.split("\n")
+        for line in lines:
+            self._put(line + "\n")
+        return len(text)
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            self._mute()
+        if self.partial:
+            text, self.partial = self.partial, ""
+            self._put(text)
 
-    def _mute(self) -> None:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2, inheritable=False)
-        os.close(null)
+    def _put(self, text: str) -> None:
+        out = ours(2)
+        data = memoryview((("\n" if out.mid_line else "") + text).encode(errors="backslashreplace"))
+        deadline = time.monotonic() + (0 if self.dropping else self.LINE_WAIT)
         try:
-            self.stream.flush()   # what the failed write left buffered, to /dev/null
-        except OSError:
-            pass
+            while data:
+                try:
+                    data = data[out.write(data):]
+                except BlockingIOError:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not select.select([], [2], [], remaining)[1]:
+                        self.dropping = True   # not read: dropped, as the next ones are at once
+                        return
+            self.dropping = False
+        except BrokenPipeError:
+            on_devnull(2)
+        except OSError as e:
+            if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                raise
+            on_devnull(2)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.stream, name)

@@ -2,8 +2,9 @@
 
 Stdin and stdout move with splice(2) where both ends allow it (no copy
 through this process), else read/write (splice's EINVAL: a terminal, a file
-opened O_APPEND); stderr always by read/write, byte for byte (the
-supervisor's own lines are not there: journal.py). Each end's EOF is passed
+opened O_APPEND; a socket, where splice would wait: below); stderr always
+by read/write, byte for byte (the supervisor's own lines are not there:
+journal.py; `run`'s own are whole lines: stdio.OwnLines). Each end's EOF is passed
 on: our stdin's closes the child's stdin; the child's stdout's puts
 /dev/null on our fd 1, so our reader sees EOF while the child runs on; a
 child that closed its stdin gets our fd 0 on /dev/null too, so our writer
@@ -26,11 +27,9 @@ Our own stdio are never made non-blocking (the file descriptions are our
 parent's too), yet no move into them may wait for our reader: a signal to
 us is forwarded between moves, and a client that stops reading, then
 sends TERM, must reach the server. SPLICE_F_NONBLOCK covers a pipe, not a
-socket (a node client's stdio are socketpairs): into a socket the bytes
-are read and sent with MSG_DONTWAIT (no splice); into a blocking pipe that
-splice does not serve (stderr), at most PIPE_BUF bytes a write, and only
-once select() has found room (a write that small never waits then, unless
-another writer of that pipe took the room meanwhile).
+socket (a node client's stdio are socketpairs): what splice does not move
+goes through stdio.Ours (a socket by send(MSG_DONTWAIT), a pipe PIPE_BUF at
+a time once it has room; a terminal or a file as ever).
 """
 from __future__ import annotations
 
@@ -38,8 +37,9 @@ import errno
 import fcntl
 import os
 import select
-import socket
 import stat
+
+from .. import stdio
 
 CHUNK = 1 << 16
 PIPE_SIZE = 1 << 20   # the child's pipes (fs.pipe-max-size's default)
@@ -53,14 +53,10 @@ class Stream:
 
     def __init__(self, src: int, dst: int, splice: bool, src_ours: bool) -> None:
         self.src, self.dst, self.splice = src, dst, splice
-        # Into our stdout or stderr (blocking: our parent's): a socket takes
-        # send(MSG_DONTWAIT), through a dup of its own (closed with the
-        # stream); a pipe splice does not serve, writes of PIPE_BUF at most.
-        mode = os.fstat(dst).st_mode if src_ours else 0
-        self.sock = socket.socket(fileno=os.dup(dst)) if stat.S_ISSOCK(mode) else None
-        self.fifo = stat.S_ISFIFO(mode)
-        if self.sock is not None:
-            self.splice = False
+        # Into our stdout or stderr: never waiting on its reader (stdio.Ours).
+        self.out = stdio.ours(dst) if src_ours else None
+        if self.out is not None and self.out.sock is not None:
+            self.splice = False   # (into a socket, a splice waits for room)
         # Whether a move after a move cannot block: src is a non-blocking
         # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
         # it (a terminal or a blocking read would wait for the client).
@@ -70,11 +66,6 @@ class Stream:
         self.blocked = False    # dst was full: wait until it is writable
         self.short = False      # the last move took less than a chunk: src is empty (or dst full)
         self.open = True
-
-    @property
-    def small(self) -> bool:
-        """Writes of PIPE_BUF at most, each after select(): a blocking pipe of ours without splice."""
-        return self.fifo and not self.splice
 
     def waits_to_read(self) -> bool:
         return self.open and not self.blocked and not self.pending
@@ -118,8 +109,7 @@ class Stream:
             if not self.pending:
                 return "eof"
             self.short = len(self.pending) < CHUNK
-            if not self.small:   # (a small write waits for select() to find room)
-                self._write()
+            self._write()
             return None
         except BlockingIOError:
             self.blocked = True
@@ -131,19 +121,10 @@ class Stream:
 
     def _write(self) -> None:
         try:
-            if self.sock is not None:
-                sent = self.sock.send(self.pending, socket.MSG_DONTWAIT)
-            else:
-                sent = os.write(self.dst, self.pending[:select.PIPE_BUF] if self.small else self.pending)
-            self.pending = self.pending[sent:]
+            out = self.out
+            self.pending = self.pending[out.write(self.pending) if out else os.write(self.dst, self.pending):]
         except BlockingIOError:
             pass   # the rest when dst is writable
-
-    def close(self) -> None:
-        """Its socket's dup: our reader sees EOF once fd 1 goes too."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
 
 
 class Relay:
@@ -208,12 +189,11 @@ class Relay:
     def _end(self, s: Stream, how: str) -> None:
         """A stream's end passed on (the module's doc)."""
         s.open = False
-        s.close()
         self.streams.remove(s)
         if s.src == 0:
             os.close(s.dst)              # the child's stdin ends
             if how == "epipe":
-                _on_devnull(0)           # the child closed it: our writer is told so
+                stdio.on_devnull(0)      # the child closed it: our writer is told so
         elif how == "epipe":
             os.close(s.src)              # the child's next write gets EPIPE, as on our fd directly
             if s.dst == 1:
@@ -221,7 +201,7 @@ class Relay:
         else:
             os.close(s.src)
             if s.dst == 1:
-                _on_devnull(1)           # EOF to our reader
+                stdio.on_devnull(1)      # EOF to our reader
 
     def drain(self, wakeup: int, patient: bool = True, timeout: float = 1.0) -> None:
         """After the child's exit: what it wrote, until EOF. Patient: what
@@ -242,17 +222,8 @@ class Relay:
 
     def close(self) -> None:
         for s in self.streams:
-            s.close()
             os.close(s.dst if s.src == 0 else s.src)
         self.streams = []
-
-
-def _on_devnull(fd: int) -> None:
-    """Our fd replaced by /dev/null: the other end's holder sees it closed,
-    and no later open takes the number."""
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    os.dup2(null, fd, inheritable=False)
-    os.close(null)
 
 
 def _widen(fd: int, size: int) -> None:

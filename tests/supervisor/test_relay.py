@@ -31,6 +31,7 @@ SCRIPTS = {
     "whalf": 'read line; echo "$line"; exec 1>&-; read more; echo "got $more" >&2',
     "wloud": "read line; while :; do echo y; done",
     "wloud2": "read line; while :; do echo y >&2; done",
+    "wloud3": "read line; while :; do echo y; echo z >&2; done",
     # more than run's stdout holds (256 KiB), less than that and its own pipe (1 MiB): then it exits
     "wburst": "read line; head -c 1000000 /dev/zero",
     # as wburst, when it is told to end
@@ -209,16 +210,17 @@ def test_our_readers_going_ends_the_session_like_a_disconnect(daemon, lab):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("stream, kind", [(1, "socket"), (2, "socket"), (2, "pipe")])
+@pytest.mark.parametrize("stream, kind", [(1, "socket"), (2, "socket"), (2, "pipe"), (3, "pipe")])
 def test_a_signal_is_forwarded_while_our_reader_does_not_read(daemon, stream, kind):
-    """The server fills run's stdout or stderr, which our reader never
-    reads (a node client's stdio are sockets): run's move never blocks, so
-    our TERM reaches the server and run exits with its status."""
-    name = "wloud" if stream == 1 else "wloud2"
+    """The server fills run's stdout or stderr (3: both, one pipe: `2>&1`),
+    which our reader never reads (a node client's stdio are sockets): run's
+    move never blocks, so our TERM reaches the server and run exits with
+    its status."""
+    name = {1: "wloud", 2: "wloud2", 3: "wloud3"}[stream]
     ours, theirs = socket.socketpair() if kind == "socket" else (None, None)
     r, w = os.pipe() if kind == "pipe" else (-1, -1)
     target = theirs.fileno() if theirs is not None else w
-    out = {"stdout": target} if stream == 1 else {"stderr": target}
+    out = {1: {"stdout": target}, 2: {"stderr": target}, 3: {"stdout": target, "stderr": target}}[stream]
     proc = subprocess.Popen([*RUN, "--socket", str(daemon.socket_path), "run", name], cwd="/", env=ENV,
                             stdin=subprocess.PIPE, **{"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **out})
     for fd in (theirs, w):
