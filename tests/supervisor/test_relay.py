@@ -61,8 +61,14 @@ def _warm(sv, name: str) -> list[int]:
 
 def _exactly(stderr: bytes, server: bytes) -> bool:
     """run's stderr is what the server wrote, then at most run's own lines
-    (where the host's audit is on: the kernel's count of its denials, say)."""
-    ours = stderr[len(server):].splitlines()
+    (where the host's audit is on: the kernel's count of its denials, say),
+    on a line of their own."""
+    rest = stderr[len(server):]
+    if server and not server.endswith(b"\n") and rest:
+        if not rest.startswith(b"\n"):
+            return False
+        rest = rest[1:]
+    ours = rest.splitlines()
     return stderr[:len(server)] == server and all(line.startswith(b"landlock-supervisor: ") for line in ours)
 
 
