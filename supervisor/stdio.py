@@ -52,38 +52,54 @@ class Ours:
     """One of our own fds 1 and 2, written without waiting on its reader
     (its file description is our parent's too: blocking, never made
     otherwise). A socket (a node client's stdio) by send(MSG_DONTWAIT)
-    through a dup of its own; a pipe PIPE_BUF at a time, once poll() finds
-    room just before (a write that small then never waits, unless another
-    process writing that pipe took the room meanwhile); anything else (a
-    terminal, a file) as it is. `mid_line`: the last byte written was no
-    newline (the server's, when ours come)."""
+    through a dup of its own; a pipe through an open of its own, made
+    non-blocking (/proc/self/fd/N), else (that open refused) PIPE_BUF at a
+    time once poll() finds room just before (a write that small then never
+    waits, unless another process writing that pipe took the room
+    meanwhile); anything else (a terminal, a file) as it is. `mid_line`:
+    the last byte written was no newline (the server's, when ours come);
+    `owed`: a line of ours broke off, a newline goes before anything else."""
 
     def __init__(self, fd: int) -> None:
         mode = os.fstat(fd).st_mode
-        self.fd = fd
+        self.fd, self.mid_line, self.owed = fd, False, False
         self.sock = socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
-        self.fifo = stat.S_ISFIFO(mode)
-        self.mid_line = False
+        self.fifo, self.own = stat.S_ISFIFO(mode), -1
+        if self.fifo:
+            try:   # (ENXIO: no reader left; EACCES: another uid's pipe, or a policy of our own)
+                self.own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                pass
 
     def write(self, data: bytes | memoryview) -> int:
         """What went without waiting; BlockingIOError if nothing could (and whatever os.write raises)."""
-        if self.sock is not None:
-            n = self.sock.send(data, socket.MSG_DONTWAIT)
-        elif self.fifo:
-            if not room(self.fd):
-                raise BlockingIOError(errno.EAGAIN, "no room")
-            n = os.write(self.fd, data[:select.PIPE_BUF])
-        else:
-            n = os.write(self.fd, data)
+        if self.owed:
+            self._write(b"\n")
+            self.owed = self.mid_line = False
+        n = self._write(data)
         if n:
             self.mid_line = bytes(data[n - 1:n]) != b"\n"
         return n
 
+    def _write(self, data: bytes | memoryview) -> int:
+        if self.sock is not None:
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        if self.own >= 0:
+            return os.write(self.own, data)
+        if self.fifo:
+            if not room(self.fd):
+                raise BlockingIOError(errno.EAGAIN, "no room")
+            return os.write(self.fd, data[:select.PIPE_BUF])
+        return os.write(self.fd, data)
+
     def close(self) -> None:
-        """The socket's dup: our reader sees EOF once the fd goes too."""
+        """Its dup or open of its own: our reader sees EOF once the fd goes too."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self.own >= 0:
+            os.close(self.own)
+            self.own = -1
 
 
 _ours: dict[int, Ours] = {}
@@ -101,6 +117,18 @@ def forget(fd: int) -> None:
     out = _ours.pop(fd, None)
     if out is not None:
         out.close()
+
+
+def forked() -> None:
+    """In a process forked from `run` (its private supervisor), before it
+    moves any fd: run's writers stay run's. Each Ours' fd of its own is
+    closed (it holds a number the child is about to give to something
+    else), and sys.stderr is the plain stream again (a partial line of
+    run's is run's to write)."""
+    for fd in list(_ours):
+        forget(fd)
+    if isinstance(sys.stderr, OwnLines):
+        sys.stderr = sys.stderr.stream  # type: ignore[assignment]
 
 
 def on_devnull(fd: int) -> None:
@@ -143,7 +171,9 @@ class OwnLines:
 
     def _put(self, text: str) -> None:
         out = ours(2)
-        data = memoryview((("\n" if out.mid_line else "") + text).encode(errors="backslashreplace"))
+        prefix = "\n" if out.mid_line and not out.owed else ""
+        data = memoryview((prefix + text).encode(self.stream.encoding or "utf-8", "backslashreplace"))
+        whole = len(data)
         deadline = time.monotonic() + (0 if self.dropping else self.LINE_WAIT)
         try:
             while data:
@@ -153,6 +183,7 @@ class OwnLines:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not select.select([], [2], [], remaining)[1]:
                         self.dropping = True   # not read: dropped, as the next ones are at once
+                        out.owed = out.owed or len(data) < whole   # broken off: no server byte may continue it
                         return
             self.dropping = False
         except BrokenPipeError:

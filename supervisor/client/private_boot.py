@@ -18,6 +18,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from .. import stdio
 from . import interpreter
 
 CONTROL_FD = 3
@@ -114,6 +115,7 @@ def _serve_here(control: int, args: list[str]) -> int:
     foreign = interpreter.foreign_here()
     sys.path[:] = [p for p in sys.path if p not in foreign]
     try:
+        stdio.forked()   # (`run`'s writers of its stdout and stderr hold fds this process is to move)
         control = fcntl.fcntl(control, fcntl.F_DUPFD_CLOEXEC, CONTROL_FD + 1)   # off whatever fds 0-3 hold
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         os.dup2(devnull, 0)

@@ -143,19 +143,28 @@ class _Reader:
         self.started_by = time.monotonic() + start_timeout
         self.starting = True   # until it reads its stdin or writes to its stdout
 
-    def send(self, message: dict[str, Any]) -> None:
-        """Written whole, or TimeoutError: a server that does not read its
-        stdin never holds us past its start's end or a reply's timeout."""
+    def send(self, message: dict[str, Any], until: float | None = None) -> None:
+        """Written whole by `until` (default: the timeout from now, or the
+        start's end), or TimeoutError: a server that does not read its stdin
+        never holds us. What it writes meanwhile is read (it may wait for
+        its stdout to be read before it reads again)."""
         data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
-        until = max(self.started_by, time.monotonic() + self.timeout) if self.starting else \
-            time.monotonic() + self.timeout
+        if until is None:
+            until = time.monotonic() + self.timeout
+            if self.starting:
+                until = max(until, self.started_by)
         while data:
             try:
                 data = data[os.write(self.stdin, data):]
             except BlockingIOError:
                 remaining = until - time.monotonic()
-                if remaining <= 0 or not select.select([], [self.stdin], [], remaining)[1]:
+                if remaining <= 0:
                     raise TimeoutError("its stdin full: not read in time") from None
+                # (what it wrote, kept to be parsed after: bounded as a line is)
+                readers = [self.fd] if len(self.buffer) <= MAX_LINE else []
+                readable, _, _ = select.select(readers, [self.stdin], [], remaining)
+                if readable:
+                    self._read()
 
     def reply(self, number: int) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
@@ -166,7 +175,8 @@ class _Reader:
                 answer = answers.get(message["method"])
                 self.send({"jsonrpc": "2.0", "id": message["id"], **(
                     {"result": answer} if answer is not None else
-                    {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})})
+                    {"error": {"code": -32601, "message": f"method not found: {message['method']}"}})},
+                          deadline)   # (within the reply's own time)
             elif message.get("id") == number:
                 return message
 
@@ -197,10 +207,12 @@ class _Reader:
                 raise TimeoutError("no reply in time")
             # While it may still be starting, looked at each second.
             wait = min(deadline - now, 1.0, self.started_by - now) if self.starting else deadline - now
-            if not select.select([self.fd], [], [], max(wait, 0.0))[0]:
-                continue
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                raise EOFError("the server closed its stdout")
-            self.buffer += chunk
-            self.starting = False   # it speaks: started
+            if select.select([self.fd], [], [], max(wait, 0.0))[0]:
+                self._read()
+
+    def _read(self) -> None:
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            raise EOFError("the server closed its stdout")
+        self.buffer += chunk
+        self.starting = False   # it speaks: started

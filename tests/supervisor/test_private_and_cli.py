@@ -157,6 +157,26 @@ def test_private_supervisor_imports_nothing_from_the_working_directory(lab, tmp_
 
 
 @pytest.mark.timeout(30)
+def test_the_private_supervisors_error_reaches_runs_stderr_a_socket(tmp_path):
+    """`run --manifests` with stderr a socket (a node client's) that said a
+    line before its fork (a deprecated option's warning): the private
+    supervisor's own error still reaches that
+    stderr, not the fd number run's writer of it held, which the fork gave
+    to its control channel."""
+    import socket as sockets
+    ours, theirs = sockets.socketpair()
+    with ours, theirs:
+        r = subprocess.run([str(Path(PYTHON).parent / "landlock-supervisor"), "run", "--env", "HOME", "--manifests",
+                            str(tmp_path / "missing.yaml"), "x"], cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=theirs.fileno(),
+                           timeout=20)
+        theirs.close()
+        said = b"".join(iter(lambda: ours.recv(65536), b"")).decode()
+    assert r.returncode != 0
+    assert "run --env HOME is deprecated" in said, said
+    assert "missing.yaml" in said and "Traceback" not in said, said
+
+
+@pytest.mark.timeout(30)
 def test_private_server_ends_with_its_client(private):
     child, pipes = spawn_bg(private, "sh", ["trap '' TERM; echo $$; sleep 100 & echo $!; wait"])
     try:

@@ -43,6 +43,23 @@ CASES = {
         os.close(2); os.close(w)
         print(os.read(r, 4096) == b"server half\\nlandlock-supervisor: said\\nand this", file=sys.__stdout__)
     """,
+    # a line of ours broken off (room for part of it): the server's next bytes begin a line
+    "broken line": """
+        r, w = os.pipe(); os.dup2(w, 2); os.set_blocking(w, False)
+        while True:
+            try: os.write(w, b"x" * 65536)
+            except BlockingIOError: break
+        os.set_blocking(r, False)
+        os.read(r, 4096)                                   # room for 4096 bytes of a longer line
+        lines = stdio.OwnLines(sys.stderr)
+        print("landlock-supervisor: " + "y" * 10000, file=lines, flush=True)
+        while True:
+            try: os.read(r, 1 << 20)
+            except BlockingIOError: break
+        stdio.ours(2).write(b"server")
+        os.set_blocking(r, True); os.close(2); os.close(w); stdio.forget(2)
+        print(os.read(r, 1 << 20) == b"\\nserver", file=sys.__stdout__)
+    """,
     # its reader gone: dropped, fd 2 on /dev/null, no traceback
     "reader gone": """
         r, w = os.pipe(); os.dup2(w, 2); os.close(r)
