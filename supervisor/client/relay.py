@@ -28,8 +28,8 @@ parent's too), yet no move into them may wait for our reader: a signal to
 us is forwarded between moves, and a client that stops reading, then
 sends TERM, must reach the server. SPLICE_F_NONBLOCK covers a pipe, not a
 socket (a node client's stdio are socketpairs): what splice does not move
-goes through stdio.Ours (a socket by send(MSG_DONTWAIT), a pipe PIPE_BUF at
-a time once it has room; a terminal or a file as ever).
+goes through stdio.Ours (a socket by send(MSG_DONTWAIT), a pipe through a
+non-blocking open of its own; a terminal or a file as ever).
 """
 from __future__ import annotations
 
