@@ -186,9 +186,7 @@ class OwnLines:
                         out.owed = out.owed or len(data) < whole   # broken off: no server byte may continue it
                         return
             self.dropping = False
-        except BrokenPipeError:
-            on_devnull(2)
-        except OSError as e:
+        except OSError as e:   # (our reader gone; anything else is no reader's doing)
             if e.errno not in (errno.EPIPE, errno.ECONNRESET):
                 raise
             on_devnull(2)

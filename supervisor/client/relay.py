@@ -114,10 +114,8 @@ class Stream:
         except BlockingIOError:
             self.blocked = True
             return None
-        except (BrokenPipeError, ConnectionResetError):
-            return "epipe"
-        except OSError as e:
-            return "epipe" if e.errno == errno.EPIPE else "eof"   # (EIO: a terminal hung up)
+        except OSError as e:   # (a socket's reader gone: ECONNRESET; EIO: a terminal hung up)
+            return "epipe" if e.errno in (errno.EPIPE, errno.ECONNRESET) else "eof"
 
     def _write(self) -> None:
         try:

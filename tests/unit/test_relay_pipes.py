@@ -2,6 +2,7 @@
 import fcntl
 import os
 
+from supervisor import stdio
 from supervisor.client import relay
 
 
@@ -30,6 +31,10 @@ def test_take_widens_the_childs_pipes_and_ours(monkeypatch):
     widened = []
     monkeypatch.setattr(relay, "_widen", lambda fd, size: widened.append((fd, size)))
     monkeypatch.setattr(relay.os, "set_blocking", lambda fd, blocking: None)
-    relay.Relay().take(10, 11, 12)
+    try:
+        relay.Relay().take(10, 11, 12)
+    finally:
+        for fd in (1, 2):
+            stdio.forget(fd)   # (the writers of our fds 1 and 2 take() made: this process's are pytest's)
     assert widened == [(10, relay.PIPE_SIZE), (11, relay.PIPE_SIZE), (0, relay.OUR_PIPE_SIZE),
                        (1, relay.OUR_PIPE_SIZE)]
