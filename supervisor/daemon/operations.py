@@ -61,8 +61,8 @@ class Operations:
         """What a warm server costs while it waits (docs/manifests.md): its
         process's PSS, and its session's (npx and uvx start the server as
         their child)."""
-        session, processes = procfs.session_pss_kib(pid, table)
-        return {"pss_kib": procfs.pss_kib(pid), "session_pss_kib": session, "session_processes": processes}
+        own, session, processes = procfs.session_pss_kib(pid, table)
+        return {"pss_kib": own, "session_pss_kib": session, "session_processes": processes}
 
     def _stats(self, conn: Connection, message: dict[str, Any], fds: list[int]) -> None:
         self.connections.send(conn, protocol.stats(

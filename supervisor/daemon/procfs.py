@@ -117,11 +117,14 @@ def pss_kib(pid: int) -> int | None:
     return _kib(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
-def session_pss_kib(sid: int, table: Iterable[tuple[int, list[str]]]) -> tuple[int, int]:
-    """The PSS of session sid's processes summed (those that could be read),
-    and how many there are, among (pid, stat fields) pairs."""
+def session_pss_kib(sid: int, table: Iterable[tuple[int, list[str]]]) -> tuple[int | None, int, int]:
+    """The PSS of session sid's leader, of its processes summed (those that
+    could be read), and how many there are, among (pid, stat fields) pairs.
+    Each is read once: a PSS moves as other processes map or drop the pages
+    it shares, and the sum must hold the leader's figure it is given beside."""
     members = session_members(sid, table)
-    return sum(pss_kib(pid) or 0 for pid in members), len(members)
+    pss = {pid: pss_kib(pid) for pid in members}
+    return (pss[sid] if sid in pss else pss_kib(sid)), sum(v or 0 for v in pss.values()), len(members)
 
 
 def groups_of(pid: int) -> set[int]:
