@@ -18,6 +18,7 @@ import stat
 import sys
 import time
 
+_TTYAUX_MAJOR = 5   # /dev/tty, /dev/console, /dev/ptmx: aliases, each open resolves anew
 TYPE_CHECKING = False   # (typing's own name, without importing typing: `run` loads it after its private supervisor)
 if TYPE_CHECKING:
     from typing import TextIO
@@ -52,24 +53,25 @@ class Ours:
     """One of our own fds 1 and 2, written without waiting on its reader
     (its file description is our parent's too: blocking, never made
     otherwise). A socket (a node client's stdio) by send(MSG_DONTWAIT)
-    through a dup of its own; a pipe through an open of its own, made
-    non-blocking (/proc/self/fd/N), else (that open refused) PIPE_BUF at a
-    time once poll() finds room just before (a write that small then never
+    through a dup of its own; a pipe or a terminal (a pty nobody reads, a
+    tty stopped with ^S) through an open of its own, made non-blocking
+    (/proc/self/fd/N), else (that open refused) a pipe PIPE_BUF at a time
+    once poll() finds room just before (a write that small then never
     waits, unless another process writing that pipe took the room
-    meanwhile); anything else (a terminal, a file) as it is. `mid_line`:
-    the last byte written was no newline (the server's, when ours come);
-    `owed`: a line of ours broke off, a newline goes before anything else."""
+    meanwhile); anything else (a file, a terminal whose open was refused)
+    as it is. `mid_line`: the last byte written was no newline (the
+    server's, when ours come); `owed`: a line of ours broke off, a newline
+    goes before anything else."""
 
     def __init__(self, fd: int) -> None:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
+        mode = st.st_mode
         self.fd, self.mid_line, self.owed = fd, False, False
         self.sock = socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
         self.fifo, self.own = stat.S_ISFIFO(mode), -1
-        if self.fifo:
-            try:   # (ENXIO: no reader left; EACCES: another uid's pipe, or a policy of our own)
-                self.own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
-                pass
+        # (A terminal's alias opened again is whatever it resolves to now: a new pty, for ptmx.)
+        if self.fifo or (os.isatty(fd) and os.major(st.st_rdev) != _TTYAUX_MAJOR):
+            self.own = _reopened(fd, st)
 
     def write(self, data: bytes | memoryview) -> int:
         """What went without waiting; BlockingIOError if nothing could (and whatever os.write raises)."""
@@ -100,6 +102,23 @@ class Ours:
         if self.own >= 0:
             os.close(self.own)
             self.own = -1
+
+
+def _reopened(fd: int, st: os.stat_result) -> int:
+    """fd's file opened again, write-only and non-blocking, or -1 where
+    that open is refused: a pipe with no reader left (ENXIO), another
+    uid's or a policy of our own (EACCES); a terminal hung up (EIO) or
+    exclusive (EBUSY; O_NOCTTY: never made ours to control). It must be
+    the same file (its inode), or it is not ours to write."""
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    got = os.fstat(own)
+    if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+        os.close(own)
+        return -1
+    return own
 
 
 _ours: dict[int, Ours] = {}

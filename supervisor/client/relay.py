@@ -1,8 +1,8 @@
 """`run`'s relay: its own stdio copied to and from pipes that the child holds (a warm server's, a fresh one's on pipes, or those standing in for a terminal).
 
 Stdin and stdout move with splice(2) where both ends allow it (no copy
-through this process), else read/write (splice's EINVAL: a terminal, a file
-opened O_APPEND; a socket, where splice would wait: below); stderr always
+through this process), else read/write (splice's EINVAL: a file opened
+O_APPEND; a socket or a terminal, where splice would wait: below); stderr always
 by read/write, byte for byte (the supervisor's own lines are not there:
 journal.py; `run`'s own are whole lines: stdio.OwnLines). Each end's EOF is passed
 on: our stdin's closes the child's stdin; the child's stdout's puts
@@ -27,9 +27,9 @@ Our own stdio are never made non-blocking (the file descriptions are our
 parent's too), yet no move into them may wait for our reader: a signal to
 us is forwarded between moves, and a client that stops reading, then
 sends TERM, must reach the server. SPLICE_F_NONBLOCK covers a pipe, not a
-socket (a node client's stdio are socketpairs): what splice does not move
-goes through stdio.Ours (a socket by send(MSG_DONTWAIT), a pipe through a
-non-blocking open of its own; a terminal or a file as ever).
+socket (a node client's stdio are socketpairs) nor a terminal: what splice does not move
+goes through stdio.Ours (a socket by send(MSG_DONTWAIT), a pipe or a
+terminal through a non-blocking open of its own; a file as ever).
 """
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ class Stream:
         self.src, self.dst, self.splice = src, dst, splice
         # Into our stdout or stderr: never waiting on its reader (stdio.Ours).
         self.out = stdio.ours(dst) if src_ours else None
-        if self.out is not None and self.out.sock is not None:
-            self.splice = False   # (into a socket, a splice waits for room)
+        if self.out is not None and (self.out.sock is not None or os.isatty(dst)):
+            self.splice = False   # (into a socket or a terminal, a splice waits for room)
         # Whether a move after a move cannot block: src is a non-blocking
         # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
         # it (a terminal or a blocking read would wait for the client).

@@ -216,15 +216,16 @@ def test_our_readers_going_ends_the_session_like_a_disconnect(daemon, lab):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("stream, kind", [(1, "socket"), (2, "socket"), (2, "pipe"), (3, "pipe")])
+@pytest.mark.parametrize("stream, kind", [(1, "socket"), (2, "socket"), (2, "pipe"), (3, "pipe"), (1, "pty"),
+                                          (2, "pty")])
 def test_a_signal_is_forwarded_while_our_reader_does_not_read(daemon, stream, kind):
     """The server fills run's stdout or stderr (3: both, one pipe: `2>&1`),
-    which our reader never reads (a node client's stdio are sockets): run's
-    move never blocks, so our TERM reaches the server and run exits with
-    its status."""
+    which our reader never reads (a node client's stdio are sockets; a
+    terminal's reader can be gone or stopped): run's move never blocks, so
+    our TERM reaches the server and run exits with its status."""
     name = {1: "wloud", 2: "wloud2", 3: "wloud3"}[stream]
     ours, theirs = socket.socketpair() if kind == "socket" else (None, None)
-    r, w = os.pipe() if kind == "pipe" else (-1, -1)
+    r, w = {"pipe": os.pipe, "pty": os.openpty}.get(kind, lambda: (-1, -1))()
     target = theirs.fileno() if theirs is not None else w
     out = {1: {"stdout": target}, 2: {"stderr": target}, 3: {"stdout": target, "stderr": target}}[stream]
     proc = subprocess.Popen([*RUN, "--socket", str(daemon.socket_path), "run", name], cwd="/", env=ENV,

@@ -60,6 +60,19 @@ CASES = {
         os.set_blocking(r, True); os.close(2); os.close(w); stdio.forget(2)
         print(os.read(r, 1 << 20) == b"\\nserver", file=sys.__stdout__)
     """,
+    # fd 2 a pty nobody reads: written through a non-blocking open of its own, so a full
+    # one drops the line; /dev/ptmx is no terminal of ours to open again (a new pty)
+    "full pty": """
+        m, s = os.openpty(); os.dup2(s, 2)
+        out = stdio.ours(2)
+        while True:
+            try: out.write(b"x" * 4096)
+            except BlockingIOError: break
+        lines = stdio.OwnLines(sys.stderr)
+        t = time.monotonic(); print("ours", file=lines, flush=True)
+        alias = stdio.Ours(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+        print(time.monotonic() - t < 2 and out.own >= 0 and alias.own == -1, file=sys.__stdout__)
+    """,
     # its reader gone: dropped, fd 2 on /dev/null, no traceback
     "reader gone": """
         r, w = os.pipe(); os.dup2(w, 2); os.close(r)
