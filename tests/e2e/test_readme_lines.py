@@ -10,13 +10,16 @@ fetch from a registry (npx, uvx) run in the `network` group. Time bounds,
 the test's own: after `... &` the shell waits for the supervisor to answer;
 `run` gets /dev/null as its stdin (the server reads its end and exits);
 `denials --follow` is cut after a few seconds. The paths of the README's
-example install (/opt/landlock-supervisor) are this checkout. Two things
+example install (/opt/landlock-supervisor) are this checkout. Three things
 keep the host's own apart: HOME is the test's (root's is not /root, which
-its servers' uids could not enter: the README says so), and the
-supervisor's socket is given by LANDLOCK_SUPERVISOR_SOCKET.
+its servers' uids could not enter: the README says so), the supervisor's
+socket is given by LANDLOCK_SUPERVISOR_SOCKET, and root's state root
+(/var/lib/landlock-supervisor) is the test's, bound over the host's in a
+mount namespace of the shell's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.client.paths import ROOT_STATE
 from supervisor.manifests import ids
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))
@@ -131,12 +135,13 @@ class Shell:
     """A shell in the checkout as root or a plain uid, with a home of its own."""
 
     def __init__(self, uid: int, base: Path) -> None:
-        self.uid, self.home = uid, base / "home"
+        self.uid, self.home, self.state = uid, base / "home", base / "state"
         # A plain user's home is its own (0700: its servers run as itself); root's here is
         # traversable, as the README asks of a root's MCP_PROJECTS (its servers run as uids of their own).
         self.home.mkdir(mode=0o755 if uid == 0 else 0o700)
         self.socket = base / "run" / "socket"
         self.socket.parent.mkdir(mode=0o700)
+        self.state.mkdir(mode=0o755)
         if uid:
             for p in (self.home, self.socket.parent):
                 os.chown(p, uid, uid)
@@ -149,15 +154,25 @@ class Shell:
                 # The suite's uid table (tests/conftest.py), never the host's for good.
                 ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
 
-    def run(self, commands: list[str], timeout: float) -> tuple[dict[int, int], str]:
-        """Each command's status (by index), and what the shell wrote."""
-        status = self.home / "status"
+    def start(self, commands: list[str]) -> subprocess.Popen[str]:
+        """The shell running the commands, each with its status to fd 3."""
         body = "\n".join(_bounded(c, i) for i, c in enumerate(commands))
-        script = f"exec 3>{status}\n{body}\nkill %1 2>/dev/null; wait\n"
-        proc = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL,
+        script = f"exec 3>{self.home / 'status'}\n{body}\nkill %1 2>/dev/null; wait\n"
+        argv = ["bash", "-c", script]
+        if self.uid == 0:
+            # Root's supervisors keep their state in /var/lib/landlock-supervisor: the host's,
+            # whose servers' uids are the host table's, not the suite's. Here it is the test's
+            # own, bound over it in a mount namespace of the shell's (no user namespace).
+            os.makedirs(ROOT_STATE, exist_ok=True)
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                    'mount --bind "$1" "$2" && exec bash -c "$3"', "sh", str(self.state), ROOT_STATE, script]
+        return subprocess.Popen(argv, cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, user=self.uid or None,
                                 group=self.uid or None, extra_groups=[] if self.uid else None,
                                 start_new_session=True)
+
+    def finish(self, proc: subprocess.Popen[str], timeout: float) -> tuple[dict[int, int], str]:
+        """Each command's status (by index), and what the shell wrote."""
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -169,12 +184,16 @@ class Shell:
                 os.killpg(proc.pid, 9)   # the backgrounded `serve`, had the shell not ended it
             except ProcessLookupError:
                 pass
+        status = self.home / "status"
         lines = status.read_text().split("\n") if status.exists() else []
         return dict(tuple(map(int, line.split())) for line in lines if line), out   # type: ignore[misc]
 
+    def run(self, commands: list[str], timeout: float) -> tuple[dict[int, int], str]:
+        return self.finish(self.start(commands), timeout)
 
-@pytest.fixture(params=["root", "user"])
-def shell(request: pytest.FixtureRequest) -> Iterator[Shell]:
+
+@contextlib.contextmanager
+def _shell(who: str) -> Iterator[Shell]:
     if os.geteuid() != 0:
         pytest.skip("this test switches uids: run it as root (scripts/test does)")
     problem = servers_problem()
@@ -183,9 +202,15 @@ def shell(request: pytest.FixtureRequest) -> Iterator[Shell]:
     base = Path(tempfile.mkdtemp(prefix="llsv-readme-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
-        yield Shell(0 if request.param == "root" else free_uid(), base)
+        yield Shell(0 if who == "root" else free_uid(), base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=["root", "user"])
+def shell(request: pytest.FixtureRequest) -> Iterator[Shell]:
+    with _shell(request.param) as sh:
+        yield sh
 
 
 def _python_lines(shell: Shell) -> list[str]:
@@ -232,11 +257,35 @@ def test_readme_lines_run_as_written(shell: Shell) -> None:
     assert (shell.home / "projects").is_dir()
 
 
+def _registry_commands() -> list[str]:
+    return [*_use_prelude(), *_elsewhere(shell_lines(True))]
+
+
+@pytest.fixture(scope="module")
+def registry_runs() -> Iterator[dict[str, tuple[Shell, subprocess.Popen[str]]]]:
+    """The registry lines as root and as a plain uid, both started at once:
+    they wait on the registry far more than on the CPUs (a load under 1 on
+    2 cores for a minute each), so the second test finds its run well under
+    way (the suite's time; each shell is the other's stranger: its own home,
+    uid and supervisor)."""
+    with _shell("root") as root, _shell("user") as user:
+        runs = {"root": (root, root.start(_registry_commands())), "user": (user, user.start(_registry_commands()))}
+        try:
+            yield runs
+        finally:
+            for sh, proc in runs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.communicate()
+
+
 @pytest.mark.network
 @pytest.mark.timeout(600)
-def test_readme_registry_lines_run_as_written(shell: Shell) -> None:
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_readme_registry_lines_run_as_written(registry_runs: dict[str, tuple[Shell, subprocess.Popen[str]]],
+                                              who: str) -> None:
     """The lines that fetch from npm (the Inspector, learn of an npx
     server), after the Use section's `serve &`."""
-    commands = [*_use_prelude(), *_elsewhere(shell_lines(True))]
-    statuses, out = shell.run(commands, timeout=560)
-    _assert_ran(commands, statuses, out)
+    sh, proc = registry_runs[who]
+    statuses, out = sh.finish(proc, timeout=560)
+    _assert_ran(_registry_commands(), statuses, out)
