@@ -293,9 +293,9 @@ class Visibility:
             reply["omitted"] = len(visible) - len(reply["recent"])
         return reply
 
-    def _tell_followers(self, event: dict[str, Any], uid: int) -> None:
+    def _tell_followers(self, event: dict[str, Any], uids: set[int]) -> None:
         for conn in list(self.followers):
-            if conn.peer.uid in (uid, os.geteuid()):
+            if conn.peer.uid in uids:
                 self.offer(conn, event)
 
     def unfollow(self, conn: Any) -> None:

@@ -155,10 +155,10 @@ class Denials:
     whoever follows), counts kept per session."""
 
     def __init__(self, canary_root: str | None, tell: Callable[[Any, dict[str, Any]], bool],
-                 follow: Callable[[dict[str, Any], int], None]) -> None:
+                 follow: Callable[[dict[str, Any], set[int]], None]) -> None:
         self.canary_root = canary_root  # where this supervisor's zygote makes canaries
         self.tell = tell               # (session, event): to its client, if it reads them (whether it went)
-        self.follow = follow           # (event, the session's uid): to followers
+        self.follow = follow           # (event, uids): to the followers of those uids
         # What no line proposes (refusal.py): the server adds its servers'
         # HOMEs and its own directories once it knows them.
         self.known = refusal.known(home_dirs(), ())
@@ -306,10 +306,14 @@ class Denials:
 
     def handed(self, session: Any) -> None:
         """A warm spare handed over: what it was denied while it waited is
-        its client's to read (`denials`), as a fresh child's before `spawned` is."""
+        its client's to read (`denials`), as a fresh child's before `spawned`
+        is, and told now to its uid's followers (the supervisor's owner's
+        were told as it came)."""
         if session.tally is not None:
             for entry in session.tally.unowned:
                 entry["uid"] = session.uid
+                self.follow({k: v for k, v in entry.items() if k not in ("time", "uid")},
+                            {session.uid} - {os.geteuid()})
             session.tally.unowned = []
 
     def _count(self, session: Any, access: audit.Access, syscall: audit.Syscall | None) -> None:
@@ -336,7 +340,7 @@ class Denials:
         self.recent.append({**event, "time": time.time(), "uid": session.uid})
         if session.held:
             tally.unowned.append(self.recent[-1])   # its client's once handed over (handed())
-        self.follow(event, session.uid)
+        self.follow(event, {session.uid, os.geteuid()})   # (a spare's uid is -1: nobody's yet)
         if not session.spawned:
             if len(tally.early) < BURST:
                 tally.early.append(event)   # no `denied` before `spawned`

@@ -349,22 +349,27 @@ def test_another_uid_gets_its_own_denials_and_sees_no_one_elses(lab: Any, host_a
 
 
 _WARM_AS_OTHER = """
-import json, sys
+import json, signal, sys
 from supervisor.client import Client
 client = Client(sys.argv[1])
+follow = client.follow_denials()
+next(follow)   # the reply: followed from here
 child = client.spawn("wdenied", stdio="pipes")
 child.stdin.close()
 child.wait(30)
+signal.alarm(10)   # (a follower told nothing waits for ever)
+followed = next(follow)
 print(json.dumps({"warm": child.warm, "pid": child.pid, "denied": list(child.denied), "exited": child.exited,
-                  "recent": client.denials()["recent"]}))
+                  "recent": client.denials()["recent"], "followed": followed}))
 """
 
 
 def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, host_audit: Any) -> None:
     """Denied while it waited (nobody's yet): told to the client that gets
-    it, after `spawned`, counted in its `exited`, and its uid's to read with
-    `denials` from then on (supervisor/daemon/warm.py). The client is another
-    uid than the supervisor's owner, who sees everything anyway."""
+    it, after `spawned`, counted in its `exited`, its uid's to read with
+    `denials` from then on, and told to its uid's `denials --follow` at the
+    hand-over (supervisor/daemon/warm.py). The client is another uid than
+    the supervisor's owner, who sees everything anyway."""
     uid = 64151
     lab.manifest("wdenied", command="/bin/sh", args=["-c", "cat /etc/hostname 2>/dev/null; exec cat"], warm=1,
                  user=65534, sandbox={"profiles": ["system"], "read_only": ["/usr/bin"]})
@@ -380,6 +385,7 @@ def test_a_warm_servers_denials_before_its_hand_over_are_its_clients(lab: Any, h
     assert len(reads) == 1 and reads[0]["pid"] == got["pid"], got["denied"]
     assert got["exited"]["denials"]["received"] >= 1, got["exited"]
     assert [e["object"] for e in got["recent"] if e["pid"] == got["pid"]] == ["/etc/hostname"], got["recent"]
+    assert (got["followed"]["object"], got["followed"]["pid"]) == ("/etc/hostname", got["pid"]), got["followed"]
 
 
 # A `-a never,task` rule (Fedora's and RHEL's shipped rules have one): the

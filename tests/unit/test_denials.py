@@ -135,8 +135,9 @@ class World:
         self.root = str(root)
         self.told: list[tuple[int, dict[str, Any]]] = []
         self.followed: list[dict[str, Any]] = []
+        self.followers: list[set[int]] = []   # whose followers each was told to
         self.denials = d.Denials(self.root, lambda s, e: self.told.append((s.pid, e)) or True,
-                                 lambda e, uid: self.followed.append(e))
+                                 lambda e, uids: self.followed.append(e) or self.followers.append(uids))
 
     def canary(self) -> str:
         """One child's canary, as the zygote makes it."""
@@ -290,6 +291,11 @@ def test_a_warm_spares_denials_are_its_clients_to_read_once_handed_over(w: World
     s.held, s.uid = False, 1001
     w.denials.handed(s)
     assert [(e["object"], e["uid"]) for e in w.denials.recent] == [("/etc/a", 1001), ("/etc/b", 1000)]
+    # Followed: as it came by the owner's followers, at the hand-over by its client's uid's (once each).
+    me = os.geteuid()
+    assert [(e["object"], u) for e, u in zip(w.followed, w.followers)] == [
+        ("/etc/a", {-1, me}), ("/etc/b", {1000, me}), ("/etc/a", {1001} - {me})]
+    assert "time" not in w.followed[-1] and w.followed[-1] == w.followed[0]
 
 
 def test_the_kernel_count_without_the_canary_settles_the_exit(w: World) -> None:
