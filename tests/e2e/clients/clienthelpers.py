@@ -285,3 +285,9 @@ def run_client(ident: Identity, argv: Sequence[str], env: Mapping[str, str], tim
     """A client process as this identity, in its home, with exactly `env`."""
     return subprocess.run(list(argv), env=dict(env), cwd=str(ident.home), capture_output=True, input=stdin,
                           timeout=timeout, **ident.popen_kwargs())
+
+
+def start_client(ident: Identity, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """run_client's process, started (stdin /dev/null): its output for communicate()."""
+    return subprocess.Popen(list(argv), env=dict(env), cwd=str(ident.home), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **ident.popen_kwargs())

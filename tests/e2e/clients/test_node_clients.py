@@ -7,11 +7,13 @@ older), first on the client's PATH as its user would have it.
 
 The TypeScript SDK holds one session per server: initialize, tools/list, a
 real call, a kernel denial, another call. The Inspector CLI makes one request
-per process (each its own session): tools/list, a real call, the denial; the
+per process (each its own session): tools/list, then a real call and the
+denial at once; the
 config's env goes as its `-e K=V` options, the server's arguments with no
 `--` (the Inspector takes it as its own end of options)."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import sys
@@ -121,8 +123,11 @@ def test_inspector_cli(identities: Any, unlisted: Any, version: str, kind: str, 
     assert {c.tool for c in sc.calls} <= tools, f"{where}: tools/list: {listed}\n{err[-1500:]}"
     real = next(c for c in sc.calls if not c.error)
     denial = next(c for c in sc.calls if c.denial)
-    for call in (real, denial):
-        result, err = inspector(ident, version, config, tool_args(call))
+    # The two calls at once, each its own session (tools/list first: an npx server's
+    # cache filled, which two npx at once could race to fill): the suite's time.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda c: inspector(ident, version, config, tool_args(c)), (real, denial)))
+    for call, (result, err) in zip((real, denial), replies):
         text = "\n".join(c.get("text", "") for c in result.get("content", []))
         ok = bool(result.get("isError")) == call.error and all(t in text for t in call.text)
         assert ok, f"{where}: {call.tool}: wanted isError={call.error} {call.text}, got {result}\n{err[-1500:]}"

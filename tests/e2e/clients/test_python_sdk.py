@@ -9,18 +9,21 @@ root and as a plain user (each session the warm one, but where the client
 passes arguments of its own: a fresh spawn).
 
 One driver process per (identity, mode) runs the ten sessions one after the
-other (the SDK's import is the costly part); each session is its own test."""
+other (the SDK's import is the costly part); each session is its own test.
+The root world's driver and the plain user's of one mode run at once."""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from clienthelpers import CLIENTS, HERE, TIMEOUT, Identity, run_client  # noqa: E402
+from clienthelpers import CLIENTS, HERE, TIMEOUT, Identity, start_client  # noqa: E402
 from scenarios import ALL, check_session, scenario, session_spec  # noqa: E402
 
 MODES = [("root", "daemon"), ("root", "private"), ("user", "daemon"), ("user", "private"),
@@ -32,30 +35,62 @@ SERVED_BY = {"user-warm": "root-warm"}
 _results: dict[tuple[str, str], tuple[dict[str, Any], str, dict[str, int]]] = {}
 
 
-def drive(ident: Identity, mode: str, port: int, client: Identity, tag: str) -> tuple[dict[str, Any], str]:
-    """Run the Python SDK's driver once, as `client`, for every server of
-    IDENT's world and daemon; (results by name, stderr)."""
+# A root world's driver and the plain user's of the same mode run at once (two
+# worlds: nothing shared but the host): the suite's time.
+PAIRED = {("root", "daemon"): ("user", "daemon"), ("user", "daemon"): ("root", "daemon"),
+          ("root", "private"): ("user", "private"), ("user", "private"): ("root", "private")}
+Driven = Callable[[], tuple[dict[str, Any], str]]
+
+
+def drive(ident: Identity, mode: str, port: int, client: Identity, tag: str) -> tuple[subprocess.Popen[bytes], Driven]:
+    """The Python SDK's driver, started as `client`, for every server of
+    IDENT's world and daemon; and what waits for its (results by name, stderr)."""
     spec = {"timeout": TIMEOUT,
             "sessions": {n: session_spec(ident, mode, scenario(n, ident, port, tag)) for n in ALL}}
     path = client.dir / f"{tag}.json"
     path.write_text(json.dumps(spec))
     path.chmod(0o644)
-    p = run_client(client, [str(CLIENTS / "py" / "bin" / "python"), str(HERE / "driver.py"), str(path)],
-                   client.client_env(), timeout=60 + 20 * len(ALL))
-    err = p.stderr.decode(errors="replace")
-    assert p.returncode == 0 and p.stdout.strip(), f"the driver exited {p.returncode}:\n{err[-3000:]}"
-    return json.loads(p.stdout), err
+    p = start_client(client, [str(CLIENTS / "py" / "bin" / "python"), str(HERE / "driver.py"), str(path)],
+                     client.client_env())
+
+    def results() -> tuple[dict[str, Any], str]:
+        try:
+            out, err_bytes = p.communicate(timeout=60 + 20 * len(ALL))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err_bytes = p.communicate()
+        err = err_bytes.decode(errors="replace")
+        assert p.returncode == 0 and out.strip(), f"the driver exited {p.returncode}:\n{err[-3000:]}"
+        return json.loads(out), err
+    return p, results
+
+
+@pytest.fixture(scope="module")
+def drivers() -> Iterator[dict[tuple[str, str], tuple[subprocess.Popen[bytes], Driven, dict[str, int]]]]:
+    """Drivers started and not yet waited for; any left (its tests not run) killed."""
+    running: dict[tuple[str, str], tuple[subprocess.Popen[bytes], Driven, dict[str, int]]] = {}
+    yield running
+    for p, _, _ in running.values():
+        p.kill()
+        p.communicate()
 
 
 @pytest.fixture
-def py_results(identities: Any, unlisted: Any, request: pytest.FixtureRequest) -> Any:
-    def get(kind: str, mode: str) -> tuple[Identity, dict[str, Any], str, dict[str, int]]:
+def py_results(identities: Any, unlisted: Any, drivers: Any) -> Any:
+    def start(kind: str, mode: str) -> None:
         ident = identities[SERVED_BY.get(kind, kind)]()
+        client = identities["user"]() if kind in SERVED_BY else ident
+        warm = ident.warm_servers(ALL) if ident.kind == "root-warm" else {}
+        drivers[kind, mode] = (*drive(ident, mode, unlisted.port, client, f"{kind}-{mode}-py"), warm)
+
+    def get(kind: str, mode: str) -> tuple[Identity, dict[str, Any], str, dict[str, int]]:
         if (kind, mode) not in _results:
-            client = identities["user"]() if kind in SERVED_BY else ident
-            warm = ident.warm_servers(ALL) if ident.kind == "root-warm" else {}
-            _results[kind, mode] = (*drive(ident, mode, unlisted.port, client, f"{kind}-{mode}-py"), warm)
-        return (ident, *_results[kind, mode])
+            for key in ((kind, mode), PAIRED.get((kind, mode))):
+                if key is not None and key not in drivers and key not in _results:
+                    start(*key)
+            _, results, warm = drivers.pop((kind, mode))
+            _results[kind, mode] = (*results(), warm)
+        return (identities[SERVED_BY.get(kind, kind)](), *_results[kind, mode])
     return get
 
 
