@@ -198,7 +198,10 @@ class _Reader:
             now = time.monotonic()
             if self.starting:
                 if not _unread(self.stdin):
-                    self.starting = False        # it reads: the timeout runs from here (within a second)
+                    # It reads: the timeout runs from here, seen within a second of its read (the
+                    # deadline of the last look before it could be all but spent).
+                    self.starting = False
+                    deadline = max(deadline, now + self.timeout)
                 elif now >= self.started_by:
                     raise TimeoutError(f"not started in time: its stdin unread after {self.start_timeout:g} s")
                 else:

@@ -51,7 +51,7 @@ def drive(argv: list[str], timeout: float, start_timeout: float) -> tuple[list[s
 
 @pytest.mark.parametrize("before, after, hang, timeout, start_timeout, failures, detail, within", [
     # Starting for longer than --timeout, then answering within it: both replies.
-    (3.0, 1.5, False, 2.0, 30.0, ["", ""], "0 tools", 20),
+    (1.5, 0.5, False, 1.0, 30.0, ["", ""], "0 tools", 20),
     # Read at once, never answered: no reply once --timeout has passed.
     (0.0, 60.0, False, 1.0, 30.0, [session.TIMEOUT], "no reply in time", 10),
     # Never read: not started once --start-timeout has passed.
