@@ -164,13 +164,18 @@ def tagged(tag: str) -> list[int]:
     return procfs.with_environment(f"LLSV_SOAK_TAG={tag}")
 
 
-def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
+def idle_fds(pid: int, client: Any, timeout: float = 10) -> tuple[int, list[str]]:
     """The supervisor's fd count once no client connection is open: its
-    listener and its zygote's two channels. Ruleset fds and the pools' hand-over
-    sockets are bounded caches that SIGHUP empties: not counted."""
+    listener and its zygote's two channels; and what they are (a growth
+    is then named). Ruleset fds and the pools' hand-over sockets are
+    bounded caches that SIGHUP empties: not counted."""
     deadline = time.monotonic() + timeout
     while True:
         pooled = sum(client.stats()["pooled"].values())
+        # That request's connection (a socket and the peer's pidfd) closed on the
+        # supervisor's side too before its fds are read: read at once, they were
+        # often there, and a count that timed out on them kept them (+-2).
+        time.sleep(0.05)
         targets = []
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
@@ -182,10 +187,9 @@ def idle_fds(pid: int, client: Any, timeout: float = 10) -> int:
         settled = pooled == sum(client.stats()["pooled"].values())
         if settled and sum(t.startswith("socket:") for t in targets) <= 3 + pooled \
                 and not any("pidfd" in t for t in targets):
-            return len(targets) - pooled
+            return len(targets) - pooled, targets
         if time.monotonic() > deadline:
-            return len(targets) - pooled
-        time.sleep(0.05)
+            return len(targets) - pooled, targets
 
 
 def wait_for(predicate: Any, timeout: float) -> bool:
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.close(null)
         wait_for(lambda: client.stats()["children"] == 0, 10)
         before = client.stats()
-        fds_before = idle_fds(pid, client) if pid else None
+        fds_before, targets_before = idle_fds(pid, client) if pid else (None, [])
 
         started = time.monotonic()
         deadline = started + args.max_seconds
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 codes[k] = codes.get(k, 0) + v
         drained = wait_for(lambda: client.stats()["children"] == 0, args.grace + 10)
         after = client.stats()
-        fds_after = idle_fds(pid, client) if pid else None
+        fds_after, targets_after = idle_fds(pid, client) if pid else (None, [])
         zombies = [c for c in procfs.children_of(pid) if procfs.state(c) == "Z"] if pid else []
         # A session's stubborn grandchildren get their KILL a grace after it ended.
         if not args.socket:
@@ -310,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             "zombies": len(zombies), "orphans": len(orphans),
             "fds_before": fds_before, "fds_after": fds_after,
             "fd_growth": None if fds_before is None else fds_after - fds_before,
+            # (what the supervisor held at the end and not at the start, and back: by inode)
+            "fds_new": sorted(set(targets_after) - set(targets_before)),
+            "fds_gone": sorted(set(targets_before) - set(targets_after)),
             "rss_kib_before": before["rss_kib"], "rss_kib_after": after["rss_kib"],
             "children_left": after["children"], "drained": drained,
         }

@@ -20,7 +20,7 @@ def test_short_soak():
     assert r.returncode in (0, 1), r.stderr
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     failed = [name for name, ok in figures["checks"].items() if not ok]
-    assert not failed, (failed, figures, r.stderr[-3000:])
+    assert not failed, (failed, figures.get("fds_new"), figures, r.stderr[-3000:])
     assert figures["zombies"] == 0 and figures["fd_growth"] == 0 and figures["orphans"] == 0
     assert figures["spawns_requested"] == 500
     assert figures["spawned"] + figures["refused"] + figures["failed"] == 500
