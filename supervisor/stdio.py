@@ -68,9 +68,11 @@ class Ours:
         mode = st.st_mode
         self.fd, self.mid_line, self.owed = fd, False, False
         self.sock = socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
-        self.fifo, self.own = stat.S_ISFIFO(mode), -1
+        self.fifo, self.own, tty = stat.S_ISFIFO(mode), -1, os.isatty(fd)
+        # A splice into a socket or a terminal waits for room, whatever SPLICE_F_NONBLOCK says.
+        self.spliceable = self.sock is None and not tty
         # (A terminal's alias opened again is whatever it resolves to now: a new pty, for ptmx.)
-        if self.fifo or (os.isatty(fd) and os.major(st.st_rdev) != _TTYAUX_MAJOR):
+        if self.fifo or (tty and os.major(st.st_rdev) != _TTYAUX_MAJOR):
             self.own = _reopened(fd, st)
 
     def write(self, data: bytes | memoryview) -> int:

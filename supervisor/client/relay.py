@@ -55,8 +55,8 @@ class Stream:
         self.src, self.dst, self.splice = src, dst, splice
         # Into our stdout or stderr: never waiting on its reader (stdio.Ours).
         self.out = stdio.ours(dst) if src_ours else None
-        if self.out is not None and (self.out.sock is not None or os.isatty(dst)):
-            self.splice = False   # (into a socket or a terminal, a splice waits for room)
+        if self.out is not None and not self.out.spliceable:
+            self.splice = False
         # Whether a move after a move cannot block: src is a non-blocking
         # pipe of ours, or our stdin is a pipe and splice's NONBLOCK covers
         # it (a terminal or a blocking read would wait for the client).

@@ -162,8 +162,9 @@ class Shell:
         if self.uid == 0:
             # Root's supervisors keep their state in /var/lib/landlock-supervisor: the host's,
             # whose servers' uids are the host table's, not the suite's. Here it is the test's
-            # own, bound over it in a mount namespace of the shell's (no user namespace).
-            os.makedirs(ROOT_STATE, exist_ok=True)
+            # own, bound over it in a mount namespace of the shell's (no user namespace);
+            # the mount's target made if missing (an empty directory, root's 0755).
+            os.makedirs(ROOT_STATE, mode=0o755, exist_ok=True)
             argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                     'mount --bind "$1" "$2" && exec bash -c "$3"', "sh", str(self.state), ROOT_STATE, script]
         return subprocess.Popen(argv, cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL,
