@@ -8,7 +8,6 @@ show that the patch answers like the kernels it stands in for.
 import errno
 import json
 import os
-import tempfile
 
 import pytest
 
@@ -65,10 +64,10 @@ def _try_open(path):
 
 @pytest.mark.enforcement  # tests/conftest.py: must not skip where Landlock exists
 @pytest.mark.usefixtures("need_landlock")
-def test_read_file_confined_to_allowed_dir():
-    allowed = tempfile.mkdtemp(prefix="ll-allowed-")
-    other = tempfile.mkdtemp(prefix="ll-other-")
+def test_read_file_confined_to_allowed_dir(tmp_path):
+    allowed, other = str(tmp_path / "allowed"), str(tmp_path / "other")
     for d in (allowed, other):
+        os.mkdir(d)
         with open(os.path.join(d, "f"), "w") as f:
             f.write("x")
     # The root filesystem is 9p or hostfs in the guests: check it too.
