@@ -94,18 +94,6 @@ def _catch_signals() -> int:
     return r
 
 
-def _client_for(args: argparse.Namespace, private: Booting | None) -> Client:
-    """--manifests: exactly those, in a private supervisor (never a running
-    daemon's manifest of the same name, whose policy may differ; no socket
-    involved, so a stale one cannot block it), spawned already. Otherwise
-    the daemon."""
-    from .client import sync as clients
-    if private is not None:
-        from .client.private import connect
-        return connect(private)
-    return clients.Client(args.socket)
-
-
 # What every client's environment holds, and a shell's own: not worth a word when not passed.
 _STANDARD_ENV = frozenset({"HOME", "PATH", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "PWD", "SHLVL", "_",
                            "OLDPWD", "PS1", "COLUMNS", "LINES", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
@@ -281,16 +269,23 @@ def _run(args: argparse.Namespace, r: int, private: Booting | None) -> int:
     exit as the child did."""
     from .client import sync as clients
     from .errors import USAGE_CODES
-    from .client.private import PrivateStartFailed
     from .protocol import ProtocolError
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     env = {name: os.environ[name] for name in args.pass_env if name in os.environ}
-    try:
-        client = _client_for(args, private)
-    except PrivateStartFailed as e:
-        if e.status == EXIT_USAGE:
-            return EXIT_USAGE  # it said why, in one line (a manifest error, say)
-        return fail(1, str(e))
+    if private is None:
+        client = clients.Client(args.socket)
+    else:
+        # --manifests: exactly those, in a private supervisor (never a running
+        # daemon's manifest of the same name, whose policy may differ; no socket
+        # involved, so a stale one cannot block it), spawned already. (Its
+        # module, with socket.py's, only here: the daemon's `run` needs neither.)
+        from .client.private import PrivateStartFailed, connect
+        try:
+            client = connect(private)
+        except PrivateStartFailed as e:
+            if e.status == EXIT_USAGE:
+                return EXIT_USAGE  # it said why, in one line (a manifest error, say)
+            return fail(1, str(e))
     from .client.journal import Journal
     from .client.relay import Relay
     relay = Relay()

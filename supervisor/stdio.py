@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+import _socket   # (the C type: socket.py's enums and selectors are ~4 ms of every `run`)
 import select
-import socket
 import stat
 import sys
 import time
@@ -67,7 +67,7 @@ class Ours:
         st = os.fstat(fd)
         mode = st.st_mode
         self.fd, self.mid_line, self.owed = fd, False, False
-        self.sock = socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
+        self.sock = _socket.socket(fileno=os.dup(fd)) if stat.S_ISSOCK(mode) else None
         self.fifo, self.own, tty = stat.S_ISFIFO(mode), -1, os.isatty(fd)
         # A splice into a socket or a terminal waits for room, whatever SPLICE_F_NONBLOCK says.
         self.spliceable = self.sock is None and not tty
@@ -87,7 +87,7 @@ class Ours:
 
     def _write(self, data: bytes | memoryview) -> int:
         if self.sock is not None:
-            return self.sock.send(data, socket.MSG_DONTWAIT)
+            return self.sock.send(data, _socket.MSG_DONTWAIT)
         if self.own >= 0:
             return os.write(self.own, data)
         if self.fifo:

@@ -93,6 +93,15 @@ def test_run_in_daemon_mode_loads_only_the_client_side_and_its_own() -> None:
     assert _outside(_loaded(_RUN), CLIENT_SIDE + RUN_OWN) == []
 
 
+def test_run_in_daemon_mode_loads_no_socket_module_nor_private_mode() -> None:
+    """The wire and the relay need only the C socket type: socket.py (its
+    enums, selectors) is ~4 ms of every start, and private mode's modules
+    bring it."""
+    loaded = _loaded(_RUN)
+    assert [m for m in ("socket", "selectors", "supervisor.client.private", "supervisor.client.private_boot")
+            if m in loaded] == []
+
+
 def test_run_spawns_a_private_supervisor_before_loading_its_client() -> None:
     loaded = _loaded(_BEFORE_PRIVATE)
     assert [m for m in CLIENT_LIBRARY if m in loaded] == []
