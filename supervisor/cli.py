@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 from . import run, serve
+from .serve import HelpFormatter
 from .failure import talking, warn
 
 # The rest is imported where used: a private supervisor is forked right
@@ -74,21 +74,6 @@ def _command_of(argv: list[str]) -> str | None:
     return None
 
 
-class _Help(argparse.HelpFormatter):
-    """argparse's own, its width found without shutil: argparse makes one for
-    each argument declared, and shutil (with bz2 and lzma) is ~1.7 ms of
-    every start."""
-
-    def __init__(self, prog: str) -> None:
-        columns = os.environ.get("COLUMNS", "")
-        if not columns.isdigit() or int(columns) == 0:
-            try:
-                columns = str(os.get_terminal_size().columns)   # stdout's
-            except (ValueError, OSError):
-                columns = "80"
-        super().__init__(prog, width=int(columns) - 2)
-
-
 _EXIT_STATUS = (f"Exit status: 0 done; 1 the environment or the supervisor failed; {EXIT_USAGE} usage or "
                 f"input (arguments, manifests, a name not served); {EXIT_UNAVAILABLE} confinement unavailable; "
                 f"{EXIT_EXEC_FAILED} the server could not be started; otherwise `run` exits as its server did "
@@ -99,7 +84,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the arguments of `command` alone when it is
     one of ours: declaring all of them (learn's module included) took ~4 ms
     of every start, twice in private mode."""
-    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=_Help, epilog=_EXIT_STATUS,
+    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=HelpFormatter, epilog=_EXIT_STATUS,
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
     socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
@@ -108,7 +93,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     everything = command not in _COMMANDS
     for name, (help_text, declare) in _COMMANDS.items():
-        parser = sub.add_parser(name, help=help_text, formatter_class=_Help)
+        parser = sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
         if everything or name == command:
             declare(parser)
         if name in _CONNECTING:

@@ -102,6 +102,25 @@ def test_run_in_daemon_mode_loads_no_socket_module_nor_private_mode() -> None:
             if m in loaded] == []
 
 
+# A private supervisor's own start (`run --manifests`, a proxy's private mode):
+# its command line and the host's dynamic-uid table.
+_PRIVATE_START = """
+import json, sys
+from supervisor import serve
+serve.parse(["serve", "--manifests", "/nonexistent", "--control-fd", "3"])
+import supervisor.manifests.ids
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_private_supervisors_start_loads_no_shutil_nor_secrets() -> None:
+    """argparse's own help formatter imports shutil (with bz2 and lzma),
+    secrets imports hashlib (OpenSSL): ~13 ms of every private start here,
+    for a terminal's width and a temporary file's name."""
+    loaded = _loaded(_PRIVATE_START)
+    assert [m for m in ("shutil", "secrets", "hashlib", "bz2", "lzma") if m in loaded] == []
+
+
 def test_run_spawns_a_private_supervisor_before_loading_its_client() -> None:
     loaded = _loaded(_BEFORE_PRIVATE)
     assert [m for m in CLIENT_LIBRARY if m in loaded] == []
