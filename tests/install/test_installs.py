@@ -13,6 +13,7 @@ cores, ~20 s of it the wheelhouse with pip's cache warm (`-m install`
 selects this group alone; scripts/bench_installs.py times `run` in each)."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -271,5 +272,9 @@ def _exercise(inst: Installed, who: As, house: House) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_every_entry_point_works(house: House, mode: str) -> None:
     inst = install(house, mode)
-    for uid in (0, USER_UID):
-        _exercise(inst, _as(house, uid), house)
+    # Root and the plain uid at once: two homes, state roots and supervisors,
+    # nothing shared but the install and the host (the suite's time: each waits
+    # on its processes more than it runs).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for exercised in [pool.submit(_exercise, inst, _as(house, uid), house) for uid in (0, USER_UID)]:
+            exercised.result()
