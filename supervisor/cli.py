@@ -7,7 +7,6 @@ import sys
 from landlock.exits import EXIT_EXEC_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 from . import run, serve
-from .serve import HelpFormatter
 from .failure import talking, warn
 
 # The rest is imported where used: a private supervisor is forked right
@@ -84,7 +83,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the arguments of `command` alone when it is
     one of ours: declaring all of them (learn's module included) took ~4 ms
     of every start, twice in private mode."""
-    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=HelpFormatter, epilog=_EXIT_STATUS,
+    p = argparse.ArgumentParser(prog="landlock-supervisor", formatter_class=serve.HelpFormatter, epilog=_EXIT_STATUS,
                                 description="A single-threaded fork-server that starts stdio servers "
                                             "confined by Landlock, with a client's own fds as their stdio.")
     socket_help = ("the supervisor's socket; default: $LANDLOCK_SUPERVISOR_SOCKET, /run/landlock-supervisor/socket "
@@ -93,7 +92,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     everything = command not in _COMMANDS
     for name, (help_text, declare) in _COMMANDS.items():
-        parser = sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
+        parser = sub.add_parser(name, help=help_text, formatter_class=serve.HelpFormatter)
         if everything or name == command:
             declare(parser)
         if name in _CONNECTING:
