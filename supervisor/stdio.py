@@ -10,9 +10,9 @@ too. Light to import: `run` is on an MCP client's path.
 """
 from __future__ import annotations
 
+import _socket   # (the C type: socket.py's enums and selectors are ~4 ms of every `run`)
 import errno
 import os
-import _socket   # (the C type: socket.py's enums and selectors are ~4 ms of every `run`)
 import select
 import stat
 import sys
