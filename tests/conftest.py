@@ -66,12 +66,39 @@ def host_audit() -> Iterator[Any]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "enforcement: checks real kernel enforcement; must not skip where Landlock exists")
     config.addinivalue_line("markers", "audit: switches the host's audit on (put back after): runs after every other test")
+    config.addinivalue_line("markers", "background(work): waits for work started in the background (tests/conftest.py): "
+                            "runs after every other test but the audit ones")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Once audit was on, every task forked afterwards pays for a syscall
-    # audit context until reboot: the rest of the suite runs before.
-    items.sort(key=lambda item: item.get_closest_marker("audit") is not None)
+    # audit context until reboot: the rest of the suite runs before. Just
+    # before them, the tests of what ran in the background (`background`):
+    # none of it runs under audit (it would change every supervisor's default).
+    items.sort(key=lambda item: (item.get_closest_marker("audit") is not None,
+                                 item.get_closest_marker("background") is not None))
+
+
+# Background work (a `background` marker's object: start() never raises, stop()), started
+# once the suite is past its busy part: tests/e2e's client sessions run two at a time and
+# tests/install as root and a plain uid at once (0-50% of the 2 cores idle), the rest waits
+# on children and timers (60-90% idle; vmstat over a whole run). Stopped at the session's end.
+_BUSY = ("tests/e2e/", "tests/install/")
+_background: list[Any] = []
+_to_start: list[Any] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    found = (m.args[0] for item in session.items for m in item.iter_markers("background"))
+    _background.extend(dict.fromkeys(found))
+    _to_start.extend(_background)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _to_start and not item.nodeid.startswith(_BUSY):
+        for work in _to_start:
+            work.start()
+        _to_start.clear()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -91,6 +118,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for work in _background:   # (before the uid table goes: its supervisors use it)
+        work.stop()
     shutil.rmtree(_IDS_DIR, ignore_errors=True)
     if _skipped_enforcement and abi_version() > 0:
         print(f"\nFAIL: {len(_skipped_enforcement)} enforcement test(s) skipped although the kernel "

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -135,7 +136,7 @@ class Shell:
     """A shell in the checkout as root or a plain uid, with a home of its own."""
 
     def __init__(self, uid: int, base: Path) -> None:
-        self.uid, self.home, self.state = uid, base / "home", base / "state"
+        self.uid, self.home, self.state, self.output = uid, base / "home", base / "state", base / "output"
         # A plain user's home is its own (0700: its servers run as itself); root's here is
         # traversable, as the README asks of a root's MCP_PROJECTS (its servers run as uids of their own).
         self.home.mkdir(mode=0o755 if uid == 0 else 0o700)
@@ -154,8 +155,9 @@ class Shell:
                 # The suite's uid table (tests/conftest.py), never the host's for good.
                 ids.TABLE_ENV: os.environ[ids.TABLE_ENV]}
 
-    def start(self, commands: list[str]) -> subprocess.Popen[str]:
-        """The shell running the commands, each with its status to fd 3."""
+    def start(self, commands: list[str], niced: bool = False) -> subprocess.Popen[bytes]:
+        """The shell running the commands, each with its status to fd 3,
+        what it writes to a file (nothing waits on a full pipe)."""
         body = "\n".join(_bounded(c, i) for i, c in enumerate(commands))
         script = f"exec 3>{self.home / 'status'}\n{body}\nkill %1 2>/dev/null; wait\n"
         argv = ["bash", "-c", script]
@@ -167,24 +169,22 @@ class Shell:
             os.makedirs(ROOT_STATE, mode=0o755, exist_ok=True)
             argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                     'mount --bind "$1" "$2" && exec bash -c "$3"', "sh", str(self.state), ROOT_STATE, script]
-        return subprocess.Popen(argv, cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, user=self.uid or None,
-                                group=self.uid or None, extra_groups=[] if self.uid else None,
-                                start_new_session=True)
+        if niced:
+            argv = ["nice", "-n", "19", *argv]
+        with open(self.output, "wb") as out:
+            return subprocess.Popen(argv, cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, user=self.uid or None, group=self.uid or None,
+                                    extra_groups=[] if self.uid else None, start_new_session=True)
 
-    def finish(self, proc: subprocess.Popen[str], timeout: float) -> tuple[dict[int, int], str]:
+    def finish(self, proc: subprocess.Popen[bytes], timeout: float) -> tuple[dict[int, int], str]:
         """Each command's status (by index), and what the shell wrote."""
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, _ = proc.communicate()
-            raise AssertionError(f"the README's lines took over {timeout} s:\n{out}") from None
+            raise AssertionError(f"the README's lines took over {timeout} s:\n{self.written()}") from None
         finally:
-            try:
-                os.killpg(proc.pid, 9)   # the backgrounded `serve`, had the shell not ended it
-            except ProcessLookupError:
-                pass
+            end(proc)   # the backgrounded `serve` too, had the shell not ended it
+        out = self.written()
         status = self.home / "status"
         lines = status.read_text().split("\n") if status.exists() else []
         return dict(tuple(map(int, line.split())) for line in lines if line), out   # type: ignore[misc]
@@ -192,14 +192,35 @@ class Shell:
     def run(self, commands: list[str], timeout: float) -> tuple[dict[int, int], str]:
         return self.finish(self.start(commands), timeout)
 
+    def written(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def end(proc: subprocess.Popen[bytes]) -> None:
+    """The shell's process group killed (its own session), the shell reaped."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _unrunnable() -> tuple[str, str] | None:
+    """("skip" or "fail", why) where the README's lines cannot run here."""
+    if os.geteuid() != 0:
+        return "skip", "this test switches uids: run it as root (scripts/test does)"
+    problem = servers_problem()
+    return ("fail", problem) if problem else None
+
+
+def _stop_here(why: tuple[str, str]) -> NoReturn:
+    if why[0] == "skip":
+        pytest.skip(why[1])
+    pytest.fail(why[1], pytrace=False)
+
 
 @contextlib.contextmanager
 def _shell(who: str) -> Iterator[Shell]:
-    if os.geteuid() != 0:
-        pytest.skip("this test switches uids: run it as root (scripts/test does)")
-    problem = servers_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
     base = Path(tempfile.mkdtemp(prefix="llsv-readme-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
@@ -210,6 +231,9 @@ def _shell(who: str) -> Iterator[Shell]:
 
 @pytest.fixture(params=["root", "user"])
 def shell(request: pytest.FixtureRequest) -> Iterator[Shell]:
+    why = _unrunnable()
+    if why:
+        _stop_here(why)
     with _shell(request.param) as sh:
         yield sh
 
@@ -262,31 +286,56 @@ def _registry_commands() -> list[str]:
     return [*_use_prelude(), *_elsewhere(shell_lines(True))]
 
 
-@pytest.fixture(scope="module")
-def registry_runs() -> Iterator[dict[str, tuple[Shell, subprocess.Popen[str]]]]:
-    """The registry lines as root and as a plain uid, both started at once:
-    they wait on the registry far more than on the CPUs (a load under 1 on
-    2 cores for a minute each), so the second test finds its run well under
-    way (the suite's time; each shell is the other's stranger: its own home,
-    uid and supervisor)."""
-    with _shell("root") as root, _shell("user") as user:
-        runs = {"root": (root, root.start(_registry_commands())), "user": (user, user.start(_registry_commands()))}
+class Background:
+    """The registry lines as root and as a plain uid, both at once, in the
+    background and niced: a minute of ~1.7 of the 2 cores (npm installs the
+    Inspector, and the filesystem server twice: learn's run, then the learnt
+    manifest's state), which the suite's later part leaves idle (it waits on
+    children and timers). tests/conftest.py starts them (`background`
+    marker) once the suite is past tests/e2e and tests/install, and runs
+    their tests after every other but the audit ones; started by their
+    fixture if not (these tests alone). Each shell is the other's stranger:
+    its own home, uid and supervisor. start() never raises (it runs in
+    another test's setup): what stops it is told by runs()."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.shells: dict[str, tuple[Shell, subprocess.Popen[bytes]]] = {}
+        self.why: tuple[str, str] | None = None
+
+    def start(self) -> None:
+        if self.shells or self.why:
+            return
         try:
-            yield runs
-        finally:
-            for sh, proc in runs.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, 9)
-                    proc.communicate()
+            self.why = _unrunnable()
+            for who in () if self.why else ("root", "user"):
+                sh = self.stack.enter_context(_shell(who))
+                self.shells[who] = (sh, sh.start(_registry_commands(), niced=True))
+                self.stack.callback(end, self.shells[who][1])
+        except Exception as e:   # (told by runs(), in the tests it is for)
+            self.why = "fail", f"the registry lines could not start: {e!r}"
+
+    def runs(self) -> dict[str, tuple[Shell, subprocess.Popen[bytes]]]:
+        self.start()
+        if self.why:
+            _stop_here(self.why)
+        return self.shells
+
+    def stop(self) -> None:
+        """Whatever still runs killed, the shells' directories removed (the session's end)."""
+        self.stack.close()
+
+
+REGISTRY = Background()
 
 
 @pytest.mark.network
+@pytest.mark.background(REGISTRY)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_readme_registry_lines_run_as_written(registry_runs: dict[str, tuple[Shell, subprocess.Popen[str]]],
-                                              who: str) -> None:
+def test_readme_registry_lines_run_as_written(who: str) -> None:
     """The lines that fetch from npm (the Inspector, learn of an npx
     server), after the Use section's `serve &`."""
-    sh, proc = registry_runs[who]
+    sh, proc = REGISTRY.runs()[who]
     statuses, out = sh.finish(proc, timeout=560)
     _assert_ran(_registry_commands(), statuses, out)
