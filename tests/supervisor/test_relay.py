@@ -4,11 +4,14 @@ bytes exact both ways, EOF and half-close each way, our reader gone,
 signals, exit status; and a private supervisor's one line for `warm:`."""
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -72,6 +75,19 @@ def _exactly(stderr: bytes, server: bytes) -> bool:
     return stderr[:len(server)] == server and all(line.startswith(b"landlock-supervisor: ") for line in ours)
 
 
+_waiting: dict[int, tuple[int, float]] = {}   # fd -> (bytes waiting, since when)
+
+
+def _stalled(fd: int, still: float = 0.3) -> bool:
+    """Bytes wait on fd (our reading end), as many as `still` seconds ago."""
+    n = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    last, since = _waiting.get(fd, (-1, 0.0))
+    if n != last:
+        _waiting[fd] = n, time.monotonic()
+        return False
+    return n > 0 and time.monotonic() - since >= still
+
+
 def _run(sv, name: str, **kwargs) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*RUN, "--socket", str(sv.socket_path), "run", name],
                             cwd="/", env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -133,10 +149,12 @@ def test_the_servers_stdout_closing_reaches_our_reader_while_it_runs(daemon):
 def test_what_the_server_wrote_before_it_exited_waits_for_a_slow_reader(daemon):
     """The server writes more than run's stdout holds and exits; our reader
     takes it seconds later: every byte, as direct pipes would have kept it."""
+    [server] = _warm(daemon, "wburst")
     proc = _run(daemon, "wburst")
     proc.stdin.write(b"go\n")
     proc.stdin.close()
-    time.sleep(2.5)   # the server has exited; run drains, its stdout full
+    assert wait_until(lambda: not alive(server), 10)
+    time.sleep(1.2)   # run drains, its stdout full (past the second it gives a reader after a TERM)
     assert proc.stdout.read() == bytes(1000000)
     assert proc.wait(20) == 0
     proc.stdout.close()
@@ -238,7 +256,8 @@ def test_a_signal_is_forwarded_while_our_reader_does_not_read(daemon, stream, ki
     try:
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
-        time.sleep(1.5)   # our stdout or stderr full: run would wait in its move
+        # Our stdout or stderr full (run would wait in its move): what waits on our end stops growing.
+        assert wait_until(lambda: _stalled(ours.fileno() if ours is not None else r), 20)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 128 + signal.SIGTERM   # the server's, killed by our TERM
     finally:
