@@ -75,17 +75,17 @@ def _exactly(stderr: bytes, server: bytes) -> bool:
     return stderr[:len(server)] == server and all(line.startswith(b"landlock-supervisor: ") for line in ours)
 
 
-_waiting: dict[int, tuple[int, float]] = {}   # fd -> (bytes waiting, since when)
+def _stalls(fd: int, still: float = 0.3):
+    """A predicate for wait_until: bytes wait on fd (our reading end), as many as `still` seconds ago."""
+    seen = [-1, 0.0]   # bytes waiting, since when
 
-
-def _stalled(fd: int, still: float = 0.3) -> bool:
-    """Bytes wait on fd (our reading end), as many as `still` seconds ago."""
-    n = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
-    last, since = _waiting.get(fd, (-1, 0.0))
-    if n != last:
-        _waiting[fd] = n, time.monotonic()
-        return False
-    return n > 0 and time.monotonic() - since >= still
+    def stalled() -> bool:
+        n = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+        if n != seen[0]:
+            seen[:] = n, time.monotonic()
+            return False
+        return n > 0 and time.monotonic() - seen[1] >= still
+    return stalled
 
 
 def _run(sv, name: str, **kwargs) -> subprocess.Popen[bytes]:
@@ -148,7 +148,7 @@ def test_the_servers_stdout_closing_reaches_our_reader_while_it_runs(daemon):
 @pytest.mark.timeout(60)
 def test_what_the_server_wrote_before_it_exited_waits_for_a_slow_reader(daemon):
     """The server writes more than run's stdout holds and exits; our reader
-    takes it seconds later: every byte, as direct pipes would have kept it."""
+    takes it over a second later: every byte, as direct pipes would have kept it."""
     [server] = _warm(daemon, "wburst")
     proc = _run(daemon, "wburst")
     proc.stdin.write(b"go\n")
@@ -257,7 +257,7 @@ def test_a_signal_is_forwarded_while_our_reader_does_not_read(daemon, stream, ki
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
         # Our stdout or stderr full (run would wait in its move): what waits on our end stops growing.
-        assert wait_until(lambda: _stalled(ours.fileno() if ours is not None else r), 20)
+        assert wait_until(_stalls(ours.fileno() if ours is not None else r), 20)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 128 + signal.SIGTERM   # the server's, killed by our TERM
     finally:
