@@ -79,26 +79,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                  item.get_closest_marker("background") is not None))
 
 
-# Background work (a `background` marker's object: start() never raises, stop()), started
-# once the suite is past its busy part: tests/e2e's client sessions run two at a time and
-# tests/install as root and a plain uid at once (0-50% of the 2 cores idle), the rest waits
-# on children and timers (60-90% idle; vmstat over a whole run). Stopped at the session's end.
+# Background work (a `background` marker's object: start(), which never raises and starts
+# it once, and stop()), started once the suite is past its busy part: tests/e2e's client
+# sessions run two at a time and tests/install as root and a plain uid at once (0-50% of
+# the 2 cores idle), the rest waits on children and timers (60-90% idle; vmstat over a
+# whole run). Stopped at the session's end.
 _BUSY = ("tests/e2e/", "tests/install/")
 _background: list[Any] = []
-_to_start: list[Any] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    found = (m.args[0] for item in session.items for m in item.iter_markers("background"))
-    _background.extend(dict.fromkeys(found))
-    _to_start.extend(_background)
+    _background.extend(dict.fromkeys(m.args[0] for item in session.items for m in item.iter_markers("background")))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _to_start and not item.nodeid.startswith(_BUSY):
-        for work in _to_start:
+    if not item.nodeid.startswith(_BUSY):
+        for work in _background:
             work.start()
-        _to_start.clear()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

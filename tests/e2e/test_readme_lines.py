@@ -306,9 +306,11 @@ class Background:
     def start(self) -> None:
         if self.shells or self.why:
             return
+        self.why = _unrunnable()
+        if self.why:
+            return
         try:
-            self.why = _unrunnable()
-            for who in () if self.why else ("root", "user"):
+            for who in ("root", "user"):
                 sh = self.stack.enter_context(_shell(who))
                 self.shells[who] = (sh, sh.start(_registry_commands(), niced=True))
                 self.stack.callback(end, self.shells[who][1])

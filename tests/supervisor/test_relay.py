@@ -13,6 +13,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -75,7 +76,7 @@ def _exactly(stderr: bytes, server: bytes) -> bool:
     return stderr[:len(server)] == server and all(line.startswith(b"landlock-supervisor: ") for line in ours)
 
 
-def _stalls(fd: int, still: float = 0.3):
+def _stalls(fd: int, still: float = 0.3) -> Callable[[], bool]:
     """A predicate for wait_until: bytes wait on fd (our reading end), as many as `still` seconds ago."""
     seen = [-1, 0.0]   # bytes waiting, since when
 
