@@ -1,5 +1,5 @@
 """The three Landlock system calls, and the few others (prctl, keyctl,
-ioprio, openat2) Python and python-prctl lack, via ctypes."""
+ioprio, openat2, inotify) Python and python-prctl lack, via ctypes."""
 from __future__ import annotations
 
 import ctypes
@@ -215,3 +215,20 @@ def tcgetsid(fd: int) -> int:
 def gettid() -> int:
     tid: int = _libc.gettid()
     return tid
+
+
+# inotify, which Python lacks (libc's functions: no numbers per machine).
+IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO = 0x100, 0x200, 0x40, 0x80
+IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_ONLYDIR = 0x400, 0x800, 0x4000, 0x01000000
+
+
+def inotify_init1(flags: int) -> int:
+    return _check(_libc.inotify_init1(flags), "inotify_init1")
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    return _check(_libc.inotify_add_watch(fd, os.fsencode(path), ctypes.c_uint32(mask)), "inotify_add_watch")
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    _check(_libc.inotify_rm_watch(fd, wd), "inotify_rm_watch")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import landlock
 
+from .currency import Currency
 from ..errors import Code, Refused
 
 MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (a warm server's is kept aside: `keep`)
@@ -15,6 +16,7 @@ class Confinements:
         # with what a fresh spawn gets, by identity; a new one would retire it).
         self._kept: set[landlock.Spec] = set()
         self.canary: str | None = None   # supervisor/daemon/audit.py: each domain marked with it
+        self.currency = Currency()
 
     def get(self, spec: landlock.Spec, keep: bool = False) -> landlock.Confinement:
         """Raises Refused: the kernel cannot enforce it, a path it cannot use,
@@ -23,24 +25,28 @@ class Confinements:
         if keep:
             self._kept.add(spec)
         try:
-            return self._get(spec)
+            confinement = self._get(spec)
         except landlock.LandlockUnavailable as e:
             raise Refused(Code.CONFINEMENT_UNAVAILABLE, str(e)) from None
         except landlock.SpecError as e:
             raise Refused(Code.BAD_SPEC, str(e)) from None
         except OSError as e:
             raise Refused(Code.SPAWN_FAILED, f"cannot prepare the sandbox: {e.strerror or e}") from None
+        if keep:
+            # A warm server's: its hand-over asks whether it is current, on
+            # the request's path. Armed now, off that path (currency.py).
+            self.currency.current(confinement.ruleset)
+        return confinement
 
     def _get(self, spec: landlock.Spec) -> landlock.Confinement:
         confinement = self._cache.get(spec)
-        if confinement is not None and confinement.ruleset.is_current():
+        if confinement is not None and self.currency.current(confinement.ruleset):
             return confinement
         if confinement is not None:
-            confinement.close()
-            del self._cache[spec]
+            self._close(self._cache.pop(spec))
         evictable = [s for s in self._cache if s not in self._kept]
         if len(evictable) >= MAX_CACHED:
-            self._cache.pop(evictable[0]).close()
+            self._close(self._cache.pop(evictable[0]))
         confinement = landlock.prepare(spec)
         if self.canary is not None and confinement.ruleset.fd >= 0:
             confinement.entry = confinement.entry._replace(canary=self.canary)
@@ -50,6 +56,10 @@ class Confinements:
     def clear(self) -> None:
         """Close every one (a reload: the manifests' paths may have changed)."""
         for confinement in self._cache.values():
-            confinement.close()
+            self._close(confinement)
         self._cache.clear()
         self._kept.clear()
+
+    def _close(self, confinement: landlock.Confinement) -> None:
+        self.currency.forget(confinement.ruleset)
+        confinement.close()

@@ -14,7 +14,7 @@ class Prepared:
     """landlock.prepare's stand-in: no ruleset made, its paths always current."""
 
     def __init__(self, spec: Spec) -> None:
-        self.ruleset = SimpleNamespace(is_current=lambda: True, fd=-1)
+        self.ruleset = SimpleNamespace(is_current=lambda: True, fd=-1, identity=())
         self.closed = False
 
     def close(self) -> None:
