@@ -10,13 +10,19 @@ MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (a warm 
 
 
 class Confinements:
-    def __init__(self) -> None:
+    def __init__(self, watched: bool = True) -> None:
+        """watched: their currency known from the kernel's events (currency.py),
+        with an inotify instance of the supervisor's uid (which has 128 by
+        default, shared with its every program: a private supervisor, one a
+        server, takes none and stats its paths)."""
         self._cache: dict[landlock.Spec, landlock.Confinement] = {}
         # Never evicted (a warm server's: its hand-over compares its confinement
         # with what a fresh spawn gets, by identity; a new one would retire it).
         self._kept: set[landlock.Spec] = set()
         self.canary: str | None = None   # supervisor/daemon/audit.py: each domain marked with it
-        self.currency = Currency()
+        self.currency = Currency() if watched else None
+        if self.currency is not None:
+            self.currency.open()   # now: the supervisor's fds at rest are the same from its start
 
     def get(self, spec: landlock.Spec, keep: bool = False) -> landlock.Confinement:
         """Raises Refused: the kernel cannot enforce it, a path it cannot use,
@@ -35,12 +41,15 @@ class Confinements:
         if keep:
             # A warm server's: its hand-over asks whether it is current, on
             # the request's path. Armed now, off that path (currency.py).
-            self.currency.current(confinement.ruleset)
+            self._current(confinement.ruleset)
         return confinement
+
+    def _current(self, ruleset: landlock.Ruleset) -> bool:
+        return ruleset.is_current() if self.currency is None else self.currency.current(ruleset)
 
     def _get(self, spec: landlock.Spec) -> landlock.Confinement:
         confinement = self._cache.get(spec)
-        if confinement is not None and self.currency.current(confinement.ruleset):
+        if confinement is not None and self._current(confinement.ruleset):
             return confinement
         if confinement is not None:
             self._close(self._cache.pop(spec))
@@ -61,5 +70,6 @@ class Confinements:
         self._kept.clear()
 
     def _close(self, confinement: landlock.Confinement) -> None:
-        self.currency.forget(confinement.ruleset)
+        if self.currency is not None:
+            self.currency.forget(confinement.ruleset)
         confinement.close()

@@ -8,10 +8,12 @@ an entry created, removed or renamed in a directory its lookup reads
 (a symlink retargeted is one), and a mount in this mount namespace. The
 kernel reports both: inotify on each directory a lookup reads, and
 /proc/self/mountinfo, which polls POLLPRI after any mount change. A
-ruleset found current by stat while those watch is "armed": it stays
-current until an event names one of its directories, a mount changes, or
-inotify's queue overflows; then it is stat'ed again, as before, and armed
-anew. Events only ever mean more checking: a server that writes into a
+ruleset found current by stat once its directories are watched is
+"armed": it stays current until an event names one of them, a mount
+changes, or inotify's queue overflows (events lost); then it is stat'ed
+again, as before, and armed anew. A change whose system call returned
+before a check is seen by it (the kernel queues the event, or bumps the
+mount table's count, within that call). Events only ever mean more checking: a server that writes into a
 watched directory slows its own spawns, never passes a stale ruleset.
 
 Armed only where inotify sees every change: each directory on a local,
@@ -207,7 +209,7 @@ class Currency:
         its lookups read those very directories still and that it is still
         current: a change from then on is an event. Not armed (stat'ed the
         next time) where any of it fails."""
-        if not self._open():
+        if not self.open():
             return
         paths = [(path, follow) for path, _, follow in ruleset.identity]
         read = directories(paths)
@@ -216,7 +218,8 @@ class Currency:
         entry = self.armed[id(ruleset)] = _Armed(ruleset)
         pinned: list[int] = []
         try:
-            types = filesystems(_read("/proc/self/mountinfo"))
+            with open("/proc/self/mountinfo", "rb") as f:
+                types = filesystems(f.read())
             inodes = []
             for directory in read:
                 pinned.append(os.open(directory, _DIRECTORY))
@@ -229,7 +232,9 @@ class Currency:
                     wd = syscalls.inotify_add_watch(self.inotify, f"/proc/self/fd/{fd}", _MASK)
                     entry.wds.append(wd)
                     self.users.setdefault(wd, set()).add(id(ruleset))
-                if directories(paths) == read and [_inode(d) for d in read] == inodes and ruleset.is_current():
+                again = [os.lstat(directory) for directory in read]
+                if directories(paths) == read and [(st.st_dev, st.st_ino) for st in again] == inodes \
+                        and ruleset.is_current():
                     return   # armed
         except OSError:
             pass
@@ -238,10 +243,9 @@ class Currency:
                 os.close(fd)
         self.forget(ruleset)
 
-    def _open(self) -> bool:
-        """The inotify instance and the mount table's fd, opened at first use
-        (where that fails, out of fds or of inotify instances, tried again
-        at the next arming)."""
+    def open(self) -> bool:
+        """The inotify instance and the mount table's fd (where that fails,
+        out of fds or of inotify instances, tried again at the next arming)."""
         if self.inotify >= 0:
             return True
         try:
@@ -254,15 +258,3 @@ class Currency:
             return False
         return True
 
-
-def _inode(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

@@ -215,8 +215,20 @@ def test_private_exec_failure_and_many_spawns(lab, monkeypatch):
         for _ in range(50):
             assert run(client, "true").code == 0
         assert wait_until(lambda: len(os.listdir(f"/proc/{client.server_pid}/fd")) <= before, 5)
+        # It stats its paths at each spawn: none of its uid's inotify instances (128, all its programs') taken.
+        assert "anon_inode:inotify" not in _fd_targets(client.server_pid)
         server = client.server_pid
     assert not alive(server)
+
+
+def _fd_targets(pid: int) -> list[str]:
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass   # (closed meanwhile)
+    return targets
 
 
 # ---- landlock-supervisor run ---------------------------------------------------------

@@ -138,6 +138,8 @@ def test_no_fd_leak_in_supervisor_after_200_spawns(sv):
     # Warm-up: builds and caches the ruleset of each manifest.
     assert sh(client, "true").code == 0 and run(client, "true").code == 0
     before = sv.idle_fds()
+    # Their paths' directories watched (daemon/currency.py): one inotify instance for all.
+    assert list(before.values()).count("anon_inode:inotify") == 1, before
     stats_before = client.stats()["fds"]
     for i in range(200):
         r = run(client, "true") if i % 2 else sh(client, "echo $$")
