@@ -24,6 +24,13 @@ def parse_stat(data: bytes) -> list[str]:
     return data[data.rindex(b")") + 2:].decode().split()
 
 
+def state_of(data: bytes) -> str | None:
+    """The state letter of /proc/PID/stat's text (the field after comm), or
+    None if there is none: parse_stat's first field, without the rest."""
+    at = data.rindex(b")") + 2
+    return data[at:at + 1].decode() or None
+
+
 def pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

@@ -107,6 +107,9 @@ class Forked:
         self.pid, self.limits, self.scheduling = pid, limits, scheduling
         self.as_tuple = astuple(scheduling)   # compared as one at hand-over: no Scheduling made on its path
         self.fds: list[int] = []
+        # /proc/PID/limits as last read and found untampered (note()): the
+        # same text again needs no parsing on a hand-over's path.
+        self.passed = b""
         try:
             for name in ("stat", "limits"):
                 self.fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC))
@@ -119,20 +122,31 @@ class Forked:
             os.close(fd)
         self.fds = []
 
+    def note(self) -> None:
+        """Its limits read now, kept if untampered (off a hand-over's path:
+        as it becomes ready, and again while it waits, after node, say,
+        raised its own soft NOFILE). Never a verdict: tampered() gives that."""
+        try:
+            text = os.pread(self.fds[1], 8192, 0)
+        except (OSError, IndexError):
+            return
+        if text != self.passed and limits_tampered(parse_limits(text), self.limits) is None:
+            self.passed = text
+
     def tampered(self) -> str | None:
         """Why it is not as it was forked, or None; any failure to look is
         a reason. Its state from /proc/PID/stat, its policy, nice, slice
         and clamps from one sched_getattr (a real-time policy, which would
         show a nice of 0, is no policy it was forked with)."""
         try:
-            fields = procfs.parse_stat(os.pread(self.fds[0], 4096, 0))
+            state: str | None = procfs.state_of(os.pread(self.fds[0], 4096, 0))
         except (OSError, IndexError, ValueError):
-            fields = []
-        state = fields[0] if fields else None
+            state = None
         if state in (None, "T", "t", "Z", "X"):
             return f"it is in state {state or 'gone'} (stopped, traced or dead)"
         try:
-            why = limits_tampered(parse_limits(os.pread(self.fds[1], 8192, 0)), self.limits)
+            text = os.pread(self.fds[1], 8192, 0)
+            why = None if text == self.passed else limits_tampered(parse_limits(text), self.limits)
             attr = syscalls.sched_getattr(self.pid)
             now = (attr.policy, attr.nice, frozenset(os.sched_getaffinity(self.pid)), enter.io_priority_of(self.pid),
                    attr.runtime if self.scheduling.slice else 0, (attr.util_min, attr.util_max))

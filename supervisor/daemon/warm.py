@@ -184,6 +184,9 @@ class WarmServers:
                     self._discard(warm, f"drained: its manifest was not asked for in {self.idle:g} s", failed=False)
             else:
                 self._fill_later(name, 0.0)
+                for warm in self.servers.get(name, []):
+                    if warm.ready and warm.forked is not None:
+                        warm.forked.note()   # (what it set itself at start: no parsing at its hand-over)
         self.tending = self.loop.at(min(TEND, self.idle), self._tend)
 
     def pids(self) -> dict[str, list[int]]:
@@ -292,6 +295,8 @@ class WarmServers:
             return   # discarded already
         if session.exited is None and session.kill_reason is None and session.errpipe < 0:
             warm.ready = True
+            if warm.forked is not None:
+                warm.forked.note()
             return
         self._discard(warm, "it failed to start" if session.kill_reason == "spawn_failed"
                       else "it exited before hand-over", failed=time.monotonic() - warm.started < STABLE)

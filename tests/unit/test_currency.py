@@ -13,6 +13,7 @@ import pytest
 
 import landlock
 from landlock.report import Report
+from landlock.ruleset import PathIdentity
 from supervisor.daemon import currency
 from supervisor.daemon.currency import Currency, filesystems, lookups, parse_events
 
@@ -114,7 +115,7 @@ def _unpin():
 def ruleset_of(*paths: tuple[str, bool]) -> Counted:
     """Its inodes held open, as a real ruleset's rules hold theirs: no
     inode number freed and given to the next file made (ext4 would)."""
-    identity = []
+    identity: list[PathIdentity] = []
     for path, follow in paths:
         try:
             PINNED.append(os.open(path, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)))
@@ -152,7 +153,7 @@ def _retarget_link(d: str) -> None:
     os.symlink("c", os.path.join(d, "link"))
 
 
-CHANGES: list[tuple[str, Callable[[str], None], bool, bool]] = [
+CHANGES: list[tuple[str, Callable[[str], object], bool, bool]] = [
     # (case, change, still current, found without a stat)
     ("nothing", lambda d: None, True, True),
     ("the file written", lambda d: Path(d, "a/b/file").write_text("y"), True, True),
@@ -170,7 +171,7 @@ CHANGES: list[tuple[str, Callable[[str], None], bool, bool]] = [
 
 
 @pytest.mark.parametrize("case,change,current,quiet", CHANGES, ids=[c[0] for c in CHANGES])
-def test_every_change_is_seen(tree: str, case: str, change: Callable[[str], None], current: bool,
+def test_every_change_is_seen(tree: str, case: str, change: Callable[[str], object], current: bool,
                               quiet: bool) -> None:
     ruleset = ruleset_of((os.path.join(tree, "a/b/file"), False), (os.path.join(tree, "link/b/file"), False),
                          (os.path.join(tree, "missing/x"), False))

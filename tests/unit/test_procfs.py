@@ -29,3 +29,13 @@ def test_a_sessions_pss_holds_its_leaders_figure_read_once(monkeypatch: pytest.M
 def test_a_session_whose_leader_is_gone_still_sums_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procfs, "pss_kib", lambda pid: None if pid == 10 else 700)
     assert procfs.session_pss_kib(10, [(11, _stat(10))]) == (None, 700, 1)
+
+
+@pytest.mark.parametrize("text,state", [
+    (b"12 (cat) S 1 12 12 0", "S"),
+    (b"12 (a) T (b) Z 1 12", "Z"),     # a comm holding ") T (": the last ")" ends it
+    (b"12 (cat) ", None),
+])
+def test_state_of(text: bytes, state: str | None) -> None:
+    fields = procfs.parse_stat(text)
+    assert procfs.state_of(text) == state == (fields[0] if fields else None)

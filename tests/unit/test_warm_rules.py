@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,28 @@ def test_a_spare_whose_limits_cannot_be_opened_leaves_no_fd_open(monkeypatch):
     assert len(opened) == 1
     with pytest.raises(OSError):
         os.fstat(opened[0])
+
+
+def test_limits_noted_untampered_are_not_parsed_again_and_a_change_is_seen(monkeypatch):
+    """Forked.note() keeps the limits' text only when it passes; tampered()
+    parses only a text unlike it: the same verdict, without the parse."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        limits = tamper.limits_of(child.pid)
+        forked = tamper.Forked(child.pid, limits, tamper.as_forked(tamper.scheduling_of(child.pid)))
+        forked.note()
+        assert forked.passed and forked.tampered() is None
+        parsed: list[bytes] = []
+        real = tamper.parse_limits
+        monkeypatch.setattr(tamper, "parse_limits", lambda text: parsed.append(text) or real(text))
+        assert forked.tampered() is None and not parsed    # the text noted: no parse
+        soft, hard = limits[resource.RLIMIT_NOFILE]
+        resource.prlimit(child.pid, resource.RLIMIT_NOFILE, (soft - 1, hard))
+        assert forked.tampered() == f"its soft limit {resource.RLIMIT_NOFILE} is {soft - 1}, below {soft}"
+        assert len(parsed) == 1
+        forked.note()   # a tampered text is never noted
+        assert forked.tampered() is not None and len(parsed) == 3
+        forked.close()
+    finally:
+        child.kill()
+        child.wait()
