@@ -1,6 +1,8 @@
 """Spec -> prepared landlock.Confinement, built once, reused while its paths are the same inodes, the cache bounded."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import landlock
 
 from .currency import Currency
@@ -10,17 +12,20 @@ MAX_CACHED = 64   # narrowed specs each get one: keep the cache bounded (a warm 
 
 
 class Confinements:
-    def __init__(self, watched: bool = True) -> None:
-        """watched: their currency known from the kernel's events (currency.py),
-        with an inotify instance of the supervisor's uid (which has 128 by
-        default, shared with its every program: a private supervisor, one a
-        server, takes none and stats its paths)."""
+    def __init__(self, later: Callable[[Callable[[], None]], object] | None = None) -> None:
+        """later: where given, their currency is known from the kernel's
+        events (currency.py), and `later(f)` runs f once the request at hand
+        is answered (it arms what a spawn found current by stat). It takes an
+        inotify instance of the supervisor's uid, which has 128 by default
+        for its every program: a private supervisor, one a server, takes
+        none and stats its paths."""
+        self.later = later
         self._cache: dict[landlock.Spec, landlock.Confinement] = {}
         # Never evicted (a warm server's: its hand-over compares its confinement
         # with what a fresh spawn gets, by identity; a new one would retire it).
         self._kept: set[landlock.Spec] = set()
         self.canary: str | None = None   # supervisor/daemon/audit.py: each domain marked with it
-        self.currency = Currency() if watched else None
+        self.currency = Currency() if later is not None else None
         if self.currency is not None:
             self.currency.open()   # now: the supervisor's fds at rest are the same from its start
 
@@ -31,21 +36,20 @@ class Confinements:
         if keep:
             self._kept.add(spec)
         try:
-            confinement = self._get(spec)
+            return self._get(spec)
         except landlock.LandlockUnavailable as e:
             raise Refused(Code.CONFINEMENT_UNAVAILABLE, str(e)) from None
         except landlock.SpecError as e:
             raise Refused(Code.BAD_SPEC, str(e)) from None
         except OSError as e:
             raise Refused(Code.SPAWN_FAILED, f"cannot prepare the sandbox: {e.strerror or e}") from None
-        if keep:
-            # A warm server's: its hand-over asks whether it is current, on
-            # the request's path. Armed now, off that path (currency.py).
-            self._current(confinement.ruleset)
-        return confinement
 
     def _current(self, ruleset: landlock.Ruleset) -> bool:
-        return ruleset.is_current() if self.currency is None else self.currency.current(ruleset)
+        if self.currency is None:
+            return ruleset.is_current()
+        current = self.currency.current(ruleset)
+        self._arm_later()
+        return current
 
     def _get(self, spec: landlock.Spec) -> landlock.Confinement:
         confinement = self._cache.get(spec)
@@ -60,7 +64,15 @@ class Confinements:
         if self.canary is not None and confinement.ruleset.fd >= 0:
             confinement.entry = confinement.entry._replace(canary=self.canary)
         self._cache[spec] = confinement
+        if self.currency is not None:
+            self.currency.pending[id(confinement.ruleset)] = confinement.ruleset   # (its paths opened just now)
+            self._arm_later()
         return confinement
+
+    def _arm_later(self) -> None:
+        """What was found current by stat (or just built) armed once the request is answered."""
+        if self.currency is not None and self.currency.pending and self.later is not None:
+            self.later(self.currency.arm_pending)
 
     def clear(self) -> None:
         """Close every one (a reload: the manifests' paths may have changed)."""

@@ -98,7 +98,9 @@ class Supervisor:
         self.socket_lock: int | None = None          # its lock file's fd, closed once it is removed
         self.isolation: namespaces.Isolation | None = early[0] if early else None
         self.booting: Booting | None = early[1] if early else None
-        self.confinements = Confinements(watched=config.control_fd is None)
+        # (Private: no inotify instance of its user's; see Confinements.)
+        self.confinements = Confinements(None if config.control_fd is not None
+                                         else lambda arm: self.loop.at(0.0, arm))
         self.gids = Gids(*config.session_gids, leases.held) if config.session_gids else None
         # Warm servers where each has a session gid of its own (a root
         # supervisor) and one serves more than one `run`'s client (not a

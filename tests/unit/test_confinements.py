@@ -31,3 +31,26 @@ def test_the_cache_is_bounded_but_a_kept_confinement_stays(monkeypatch):
     assert [c.closed for c in narrowed] == [True] * 5 + [False] * confinements.MAX_CACHED   # the oldest went
     cache.clear()
     assert kept.closed and cache.get(warm) is not kept
+
+
+def test_a_ruleset_is_watched_once_the_request_is_answered(tmp_path):
+    """Built (or found current by stat) on a spawn's path; armed by the
+    callback the supervisor runs after the reply (daemon/currency.py); from
+    then on found current without a stat, and nothing more is queued."""
+    later: list = []
+    cache = Confinements(later.append)
+    (tmp_path / "rule").mkdir()
+    spec = Spec(read_only=(str(tmp_path / "rule"),))
+    try:
+        confinement = cache.get(spec)
+        assert cache.currency is not None and not cache.currency.armed and len(later) == 1
+        later.pop()()
+        assert id(confinement.ruleset) in cache.currency.armed
+        assert cache.get(spec) is confinement and not later
+        (tmp_path / "rule" / "inside").mkdir()   # no lookup reads "rule" itself: nothing to see
+        assert cache.get(spec) is confinement and not later
+        (tmp_path / "beside").mkdir()   # an event of the watched parent: stat'ed, still current, queued
+        assert cache.get(spec) is confinement and len(later) == 1
+    finally:
+        cache.clear()
+        cache.currency.close()
