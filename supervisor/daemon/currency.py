@@ -11,7 +11,8 @@ kernel reports both: inotify on each directory a lookup reads, and
 ruleset found current by stat once its directories are watched is
 "armed": it stays current until an event names one of them, a mount
 changes, or inotify's queue overflows (events lost); then it is stat'ed
-again, as before, and armed anew. A change whose system call returned
+again, as before, and armed anew once the request is answered
+(arm_pending: arming walks every path twice). A change whose system call returned
 before a check is seen by it (the kernel queues the event, or bumps the
 mount table's count, within that call). Events only ever mean more checking: a server that writes into a
 watched directory slows its own spawns, never passes a stale ruleset.
