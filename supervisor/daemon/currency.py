@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 
 import landlock
 from landlock import syscalls
+from landlock.resolve import MAX_LINKS   # the kernel's bound on links in one lookup
 
 # Filesystems whose every directory change goes through this kernel's VFS
 # (fsnotify), by their type as /proc/self/mountinfo names it.
 LOCAL = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "devtmpfs", "ramfs", "overlay",
                    "squashfs", "erofs", "iso9660", "vfat", "exfat"})
-MAX_LINKS = 40   # the kernel's bound (landlock.resolve's too)
 # An entry created, removed, renamed out or in; the directory itself removed or moved.
 _MASK = (syscalls.IN_CREATE | syscalls.IN_DELETE | syscalls.IN_MOVED_FROM | syscalls.IN_MOVED_TO
          | syscalls.IN_DELETE_SELF | syscalls.IN_MOVE_SELF | syscalls.IN_ONLYDIR)
