@@ -9,7 +9,10 @@ SPEC: {"runs": N, "timeout": S, "variants": {KEY: {"command", "args", "env"}},
 an MCP client does (stdio_client), and times from the start to
 initialize()'s return; the session is closed before the next, P seconds
 (default 0, not timed) after it (a warm server replaced meanwhile).
-Prints {KEY: [ms, ...]} (or {"error"}).
+Prints {KEY: [ms, ...]} (or {"error"}). With "baseline": KEY in SPEC, that
+variant is started before each of the others in every run instead of once a
+run (a session, P seconds, then the other's): its median is of that many
+more sessions, each in the conditions of the one it precedes.
 
 With "calls": {"tool", "argument", "small", "big_bytes"} in SPEC, each
 session instead, once initialized, calls the tool once (not timed), then P
@@ -72,10 +75,14 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     for key, variant in spec["variants"].items():   # a warm-up each: page cache, rulesets
         await once(variant, spec["timeout"])
         await anyio.sleep(spec.get("pause_s", 0))
+    baseline = spec.get("baseline")
     for _ in range(spec["runs"]):
         for key, variant in spec["variants"].items():
-            out[key].append(await once(variant, spec["timeout"]))
-            await anyio.sleep(spec.get("pause_s", 0))
+            if key == baseline:
+                continue
+            for k in (baseline, key) if baseline else (key,):
+                out[k].append(await once(spec["variants"][k], spec["timeout"]))
+                await anyio.sleep(spec.get("pause_s", 0))
     return out
 
 

@@ -1,7 +1,8 @@
 """Warm servers (issue 28): every example server with `warm: 1`, in a daemon of its own (root: warm servers need one).
 
 - `run NAME` to the initialize reply through the official Python SDK, beside
-  `run` of a trivial warm server (run's own start) and the direct launch;
+  `run` of a trivial warm server (run's own start: one session before each
+  server's) and the direct launch;
 - the supervisor's part, spawn request to the pipe ends in hand
   (Client.spawn(stdio="pipes") of a ready warm server, from its connect(2)
   to the reply's recvmsg(2): the library's own work before and after is
@@ -262,13 +263,19 @@ def idle_wake(path: Path, rounds: int, pause: float) -> float:
 
 
 def _sdk(bench: Bench, daemon: Daemon, names: list[str], runs: int) -> dict[str, Any]:
-    """The SDK's start -> initialize reply: `run NAME` of each warm example and of the trivial one."""
+    """The SDK's start -> initialize reply: `run NAME` of each warm example,
+    and `run` of the trivial one before each of theirs. The bound's first
+    term is then a median of runs x len(names) sessions, not of `runs`: on
+    a machine where a process's start after an idle second takes ~30% longer
+    at random (two modes here), one median of 10 came out ~4 ms either side
+    of the next run's and moved every server's bound with it."""
     # (A session that found no warm server would take a fresh one's whole start: hundreds of ms.)
     times = _sdk_client(bench, "warm-sdk", {"runs": runs, "timeout": 120, "pause_s": PAUSE_S[bench.args.quick],
-                                             "variants": _run_variants(daemon, [TRIVIAL, *names])})
+                                             "variants": _run_variants(daemon, [TRIVIAL, *names]),
+                                             "baseline": TRIVIAL})
     if "error" in times or "skipped" in times:
         return times
-    return {n: statistics.median(v) for n, v in times.items()}
+    return {n: statistics.median(v) for n, v in times.items()} | {"own_sessions": len(times[TRIVIAL])}
 
 
 def _sdk_relay(bench: Bench, daemon: Daemon, runs: int, calls: int) -> dict[str, Any]:
@@ -435,7 +442,8 @@ def rows(r: dict[str, Any]) -> list[str]:
         out.append(f"  SDK: {sdk.get('skipped') or sdk['error']}")
         sdk = {}
     own = sdk.get(TRIVIAL)
-    out.append(f"  `run` of the trivial warm server (run's own start): {_ms(own)}")
+    out.append(f"  `run` of the trivial warm server (run's own start): {_ms(own)}"
+               + (f" ({sdk['own_sessions']} sessions, one before each server's)" if "own_sessions" in sdk else ""))
     if "wake_us" in r:
         out.append(f"  this machine waking a process idle as the supervisor was (connect -> accept): "
                    f"{r['wake_us']:.0f} us, twice in each hand-over")
@@ -482,14 +490,20 @@ def _ms(x: float | None) -> str:
 
 
 def targets(r: dict[str, Any] | None) -> list[tuple[str, float | None, float, str]]:
-    """(name, measured, limit, format) of issue 28's targets: the hand-over's
-    worst median; the relay's two, as the issue measures them, with the
-    official SDK (None where it was not measured)."""
+    """(name, measured, limit, format) of issue 28's targets: `run` -> reply
+    over its bound, the worst example's; the hand-over's worst median; the
+    relay's two, as the issue measures them, with the official SDK (None
+    where it was not measured)."""
     if not r or "relay" not in r:
         return []
     worst = max(h["handover"] for h in r["handover"].values())
     sdk_rel = r.get("sdk_relay") or {}
-    return [("warm: spawn request (connect) -> pipe ends, p50 <= 1 ms (issue 28)", worst, 1.0, "{:.2f} ms"),
+    sdk, own = r.get("sdk") or {}, (r.get("sdk") or {}).get(TRIVIAL)
+    over = [sdk[n] - (own + h["first_reply"] + 5) for n, h in r["handover"].items()
+            if n != TRIVIAL and n in sdk and own is not None]
+    return [("warm: `run` -> initialize reply <= run's own start + first reply + 5 ms, the worst example "
+             "(issue 28)", max(over) if over else None, 0.0, "{:+.1f} ms"),
+            ("warm: spawn request (connect) -> pipe ends, p50 <= 1 ms (issue 28)", worst, 1.0, "{:.2f} ms"),
             ("warm: relay (SDK), small round trip p50 <= +0.1 ms (issue 28)", sdk_rel.get("small_added_ms"), 0.1,
              "{:+.3f} ms"),
             ("warm: relay (SDK), 5 MiB round trip <= +10% (issue 28)", sdk_rel.get("big_added"), 0.10, "{:+.1%}")]

@@ -170,7 +170,7 @@ def test_table_says_when_the_machine_was_busy() -> None:
 def test_the_warm_sections_rows_and_targets() -> None:
     from scripts.bench import warm
     r = {"runs": 10, "discarded": 0, "wake_us": 120.4, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
-         "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0},
+         "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0, "own_sessions": 20},
          "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "call": 0.7, "first_reply": 8.0},
                       "git": {"handover": 0.8, "handover_max": 1.2, "call": 0.9, "first_reply": 4.0},
                       "trivial": {"handover": 0.5, "handover_max": 0.7, "call": 0.6, "first_reply": 1.0}},
@@ -182,7 +182,7 @@ def test_the_warm_sections_rows_and_targets() -> None:
          "sdk_relay_awake": {"calls": 20, "small_direct_ms": 0.5, "small_run_ms": 0.55, "small_added_ms": 0.05,
                              "big_direct_ms": 80.0, "big_run_ms": 81.6, "big_added": 0.02}}
     lines = warm.rows(r)
-    assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0"
+    assert lines[1] == "  `run` of the trivial warm server (run's own start): 30.0 (20 sessions, one before each server's)"
     assert lines[2].endswith("(connect -> accept): 120 us, twice in each hand-over")
     assert lines[4].split() == ["time", "40.0", "43.0", "0.60", "0.90", "0.70", "8.0", "50.0", "PASS"]
     assert lines[5].split() == ["git", "90.0", "39.0", "0.80", "1.20", "0.90", "4.0", "0.0", "MISS"]
@@ -194,9 +194,12 @@ def test_the_warm_sections_rows_and_targets() -> None:
     assert "(+0.030 ms)" in lines[8] and "(+5.0%)" in lines[8]
     assert lines[9].endswith("widened as run widens its own: 3.0 (through run +40.0%)")
     assert [(name.split(",")[0], value) for name, value, _, _ in warm.targets(r)] == [
+        ("warm: `run` -> initialize reply <= run's own start + first reply + 5 ms", 51.0),   # git's: 90 - 39
         ("warm: spawn request (connect) -> pipe ends", 0.8), ("warm: relay (SDK)", 0.04), ("warm: relay (SDK)", 0.03)]
+    assert warm.targets(r | {"sdk": r["sdk"] | {"git": 30.0}})[0][1] == -3.0   # time's: 40 - 43
     without_sdk = r | {"sdk_relay": {"skipped": "no clients"}, "sdk_relay_awake": {"skipped": "no clients"}}
     assert warm.rows(without_sdk)[6] == "  relay as the SDK meets it: no clients"
-    assert [value for _, value, _, _ in warm.targets(without_sdk)] == [0.8, None, None]
+    assert [value for _, value, _, _ in warm.targets(without_sdk)] == [51.0, 0.8, None, None]
+    assert warm.targets(r | {"sdk": {"skipped": "no clients"}})[0][1] is None
     assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
     assert warm.rows({"skipped": "not root"})[1] == "  not root"
