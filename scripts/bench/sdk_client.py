@@ -11,8 +11,12 @@ initialize()'s return; the session is closed before the next, P seconds
 (default 0, not timed) after it (a warm server replaced meanwhile).
 Prints {KEY: [ms, ...]} (or {"error"}). With "baseline": KEY in SPEC, that
 variant is started before each of the others in every run instead of once a
-run (a session, P seconds, then the other's): its median is of that many
-more sessions, each in the conditions of the one it precedes.
+run: its median is of that many more sessions. With "ready": {"argv",
+"names"} in SPEC, each pause starts once `argv` (the supervisor's `stats`)
+shows a warm server of every name ready: every session then comes after
+the same P seconds of an idle machine, whatever the one before it left
+starting (a trivial server's replacement takes ~50 ms, an npx one's ~1 s of
+both CPUs, and a process started after a second of idle runs slower here).
 
 With "calls": {"tool", "argument", "small", "big_bytes"} in SPEC, each
 session instead, once initialized, calls the tool once (not timed), then P
@@ -64,6 +68,22 @@ async def calls(variant: dict[str, Any], spec: dict[str, Any], out: dict[str, li
                     out[kind].append(took)
 
 
+async def pause(spec: dict[str, Any]) -> None:
+    """Between sessions (not timed): every warm server ready if SPEC asks, then P seconds."""
+    ready = spec.get("ready")
+    deadline = time.monotonic() + spec["timeout"]
+    while ready and time.monotonic() < deadline:
+        done = await anyio.run_process(ready["argv"], check=False)
+        try:
+            warm = json.loads(done.stdout)["warm"]
+        except (ValueError, KeyError, TypeError):
+            warm = {}
+        if all(warm.get(name) for name in ready["names"]):
+            break
+        await anyio.sleep(0.05)
+    await anyio.sleep(spec.get("pause_s", 0))
+
+
 async def main(spec: dict[str, Any]) -> dict[str, Any]:
     if "calls" in spec:
         timed: dict[str, Any] = {key: {"small": [], "big": []} for key in spec["variants"]}
@@ -74,7 +94,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {key: [] for key in spec["variants"]}
     for key, variant in spec["variants"].items():   # a warm-up each: page cache, rulesets
         await once(variant, spec["timeout"])
-        await anyio.sleep(spec.get("pause_s", 0))
+        await pause(spec)
     baseline = spec.get("baseline")
     for _ in range(spec["runs"]):
         for key, variant in spec["variants"].items():
@@ -82,7 +102,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
                 continue
             for k in (baseline, key) if baseline else (key,):
                 out[k].append(await once(spec["variants"][k], spec["timeout"]))
-                await anyio.sleep(spec.get("pause_s", 0))
+                await pause(spec)
     return out
 
 
