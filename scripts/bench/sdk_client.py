@@ -16,7 +16,8 @@ run: its median is of that many more sessions. With "ready": {"argv",
 shows a warm server of every name ready: every session then comes after
 the same P seconds of an idle machine, whatever the one before it left
 starting (a trivial server's replacement takes ~50 ms, an npx one's ~1 s of
-both CPUs, and a process started after a second of idle runs slower here).
+CPU; on the development machine, sessions that followed the longer idle
+were the slower ones).
 
 With "calls": {"tool", "argument", "small", "big_bytes"} in SPEC, each
 session instead, once initialized, calls the tool once (not timed), then P

@@ -268,12 +268,12 @@ def _sdk(bench: Bench, daemon: Daemon, names: list[str], runs: int) -> dict[str,
     the same idle (every warm server ready, then PAUSE_S: as _handovers
     times the bound's other term). The bound's first term is then a median
     of runs x len(names) sessions, not of `runs`: on a machine where a
-    process's start after an idle second takes ~30% longer at random (two
-    modes here), one median of 10 came out ~4 ms either side of the next
-    run's and moved every server's bound with it. Without the wait, a
-    session after a trivial one followed more idle than one after an npx
-    server's (its replacement still starting): paired, that put ~+3-5 ms on
-    every server's side of the comparison."""
+    process's start takes ~30% longer at random (two modes here), one median
+    of 10 came out ~4 ms either side of the next run's and moved every
+    server's bound with it. Without the wait, a session after a trivial one
+    followed more idle than one after an npx server's (its replacement still
+    starting): paired, that put ~+2-5 ms on every server's side of the
+    comparison (run 22, and an A/B of four servers)."""
     # (A session that found no warm server would take a fresh one's whole start: hundreds of ms.)
     times = _sdk_client(bench, "warm-sdk", {"runs": runs, "timeout": 120, "pause_s": PAUSE_S[bench.args.quick],
                                              "variants": _run_variants(daemon, [TRIVIAL, *names]),
