@@ -505,7 +505,8 @@ def targets(r: dict[str, Any] | None) -> list[tuple[str, float | None, float, st
         return []
     worst = max(h["handover"] for h in r["handover"].values())
     sdk_rel = r.get("sdk_relay") or {}
-    sdk, own = r.get("sdk") or {}, (r.get("sdk") or {}).get(TRIVIAL)
+    sdk = r.get("sdk") or {}
+    own = sdk.get(TRIVIAL)
     over = [sdk[n] - (own + h["first_reply"] + 5) for n, h in r["handover"].items()
             if n != TRIVIAL and n in sdk and own is not None]
     return [("warm: `run` -> initialize reply <= run's own start + first reply + 5 ms, the worst example "
