@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import landlock
 from landlock.spec import Spec
-from supervisor.daemon import confinements
+from supervisor.daemon import confinements, currency
 from supervisor.daemon.confinements import Confinements
 
 
@@ -33,10 +33,11 @@ def test_the_cache_is_bounded_but_a_kept_confinement_stays(monkeypatch):
     assert kept.closed and cache.get(warm) is not kept
 
 
-def test_a_ruleset_is_watched_once_the_request_is_answered(tmp_path):
+def test_a_ruleset_is_watched_once_the_request_is_answered(tmp_path, monkeypatch):
     """Built (or found current by stat) on a spawn's path; armed by the
     callback the supervisor runs after the reply (daemon/currency.py); from
     then on found current without a stat, and nothing more is queued."""
+    monkeypatch.setattr(currency, "REARM_AFTER", 0.0)   # (armed again at once after an event: asked below)
     later: list = []
     cache = Confinements(later.append)
     (tmp_path / "rule").mkdir()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,13 @@ def ancestors(path: str) -> list[str]:
         at = os.path.join(at, name)
         out.append(at)
     return out
+
+
+@pytest.fixture(autouse=True)
+def rearm_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ruleset armed again as soon as it is found current after an event
+    (the supervisor waits REARM_AFTER: test_a_churning_directory_costs_stats_not_walks)."""
+    monkeypatch.setattr(currency, "REARM_AFTER", 0.0)
 
 
 @pytest.fixture
@@ -323,5 +330,40 @@ def test_after_a_link_moved_its_new_directories_are_watched(tree: str) -> None:
         os.unlink(os.path.join(tree, "c/b/file"))
         Path(tree, "c/b/file").write_text("new")
         assert not watch.current(ruleset)
+    finally:
+        watch.close()
+
+
+def test_a_churning_directory_costs_stats_not_walks(tree: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found dirty sooner than REARM_AFTER after its arming, a ruleset is
+    stat'ed (the cost of before) and not walked and watched again at each
+    spawn (~20 times a stat's cost): once the time is past, it is armed again.
+    A path where inotify is blind is not tried again sooner either."""
+    if not local(tree):
+        pytest.fail(f"{tree} is on a filesystem inotify cannot watch here", pytrace=False)
+    monkeypatch.setattr(currency, "REARM_AFTER", 3600.0)
+    walks: list[object] = []
+    walk = currency.directories
+
+    def counted(paths: Iterable[tuple[str, bool]]) -> list[str] | None:
+        walks.append(paths)
+        return walk(paths)
+    monkeypatch.setattr(currency, "directories", counted)
+    ruleset = ruleset_of((os.path.join(tree, "a/b/file"), False))
+    blind = ruleset_of(("/proc/sys/kernel/hostname", False))
+    watch = Currency()
+    try:
+        assert watch.current(ruleset) and watch.current(blind)
+        watch.arm_pending()
+        assert id(ruleset) in watch.armed and ruleset.checks == 2 and len(walks) == 3   # (2 + the blind one's 1)
+        for i in range(5):
+            Path(tree, f"churn{i}").write_text("")   # an entry made in a directory its lookup reads
+            assert watch.current(ruleset) and watch.current(blind)
+            watch.arm_pending()
+        assert ruleset.checks == 7 and blind.checks == 6 and len(walks) == 3 and id(ruleset) not in watch.armed
+        monkeypatch.setattr(currency, "REARM_AFTER", 0.0)
+        assert watch.current(ruleset)
+        watch.arm_pending()
+        assert id(ruleset) in watch.armed and len(walks) == 5
     finally:
         watch.close()
