@@ -203,3 +203,23 @@ def test_the_warm_sections_rows_and_targets() -> None:
     assert warm.targets(r | {"sdk": {"skipped": "no clients"}})[0][1] is None
     assert warm.targets(None) == [] and warm.targets({"skipped": "not root"}) == []
     assert warm.rows({"skipped": "not root"})[1] == "  not root"
+
+
+def test_the_smoke_check_names_what_broke_and_only_that() -> None:
+    """CI's smoke check asserts no figure: only that the warm section served
+    every example warm, through `run` and the SDK (the count of the trivial
+    server's sessions beside the medians is no server)."""
+    from pathlib import Path
+
+    from scripts.bench.__main__ import smoke_failures
+    names = [p.stem for p in Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml")] + ["trivial"]
+    pss = {n: {"list": 100, "session": 120} for n in names}
+    warm = {"handover": dict.fromkeys(names, {}), "sdk": dict.fromkeys(names, 40.0) | {"own_sessions": 30},
+            "discarded": 0, "pss_kib": pss}
+    assert smoke_failures({"warm": warm}) == []
+    assert smoke_failures({}) == [] and smoke_failures({"warm": {"skipped": "not root"}}) == []
+    assert smoke_failures({"warm": warm | {"sdk": {"skipped": "no clients"}}}) == []
+    short = warm | {"sdk": {n: 40.0 for n in names if n != "time"}}
+    assert [line[:22] for line in smoke_failures({"warm": short})] == ["warm: the SDK sessions"]
+    assert smoke_failures({"warm": warm | {"discarded": 2}}) == ["warm: 2 warm server(s) discarded"]
+    assert smoke_failures({"warm": {"error": "no daemon"}}) == ["warm: no daemon"]
