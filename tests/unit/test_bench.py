@@ -1,6 +1,7 @@
 """The benchmark's pure parts (scripts/bench/): statistics, counts, options, the derived figures, the targets and the table."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,8 +210,6 @@ def test_the_smoke_check_names_what_broke_and_only_that() -> None:
     """CI's smoke check asserts no figure: only that the warm section served
     every example warm, through `run` and the SDK (the count of the trivial
     server's sessions beside the medians is no server)."""
-    from pathlib import Path
-
     from scripts.bench.__main__ import smoke_failures
     names = [p.stem for p in Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml")] + ["trivial"]
     pss = {n: {"list": 100, "session": 120} for n in names}
