@@ -282,7 +282,7 @@ def _sdk(bench: Bench, daemon: Daemon, names: list[str], runs: int) -> dict[str,
                                                        "names": daemon.all}})
     if "error" in times or "skipped" in times:
         return times
-    return {n: statistics.median(v) for n, v in times.items()} | {"own_sessions": len(times[TRIVIAL])}
+    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def _sdk_relay(bench: Bench, daemon: Daemon, runs: int, calls: int) -> dict[str, Any]:
@@ -450,7 +450,7 @@ def rows(r: dict[str, Any]) -> list[str]:
         sdk = {}
     own = sdk.get(TRIVIAL)
     out.append(f"  `run` of the trivial warm server (run's own start): {_ms(own)}"
-               + (f" ({sdk['own_sessions']} sessions, one before each server's)" if "own_sessions" in sdk else ""))
+               + (f" ({r['runs'] * (len(hand) - 1)} sessions, one before each server's)" if own is not None else ""))
     if "wake_us" in r:
         out.append(f"  this machine waking a process idle as the supervisor was (connect -> accept): "
                    f"{r['wake_us']:.0f} us, twice in each hand-over")

@@ -171,7 +171,7 @@ def test_table_says_when_the_machine_was_busy() -> None:
 def test_the_warm_sections_rows_and_targets() -> None:
     from scripts.bench import warm
     r = {"runs": 10, "discarded": 0, "wake_us": 120.4, "pss_kib": {"time": {"list": 51200, "session": 51200, "processes": 1}},
-         "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0, "own_sessions": 20},
+         "sdk": {"trivial": 30.0, "time": 40.0, "git": 90.0},
          "handover": {"time": {"handover": 0.6, "handover_max": 0.9, "call": 0.7, "first_reply": 8.0},
                       "git": {"handover": 0.8, "handover_max": 1.2, "call": 0.9, "first_reply": 4.0},
                       "trivial": {"handover": 0.5, "handover_max": 0.7, "call": 0.6, "first_reply": 1.0}},
@@ -208,17 +208,18 @@ def test_the_warm_sections_rows_and_targets() -> None:
 
 def test_the_smoke_check_names_what_broke_and_only_that() -> None:
     """CI's smoke check asserts no figure: only that the warm section served
-    every example warm, through `run` and the SDK (the count of the trivial
-    server's sessions beside the medians is no server)."""
+    every example warm, through `run` and the SDK."""
     from scripts.bench.__main__ import smoke_failures
     names = [p.stem for p in Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml")] + ["trivial"]
     pss = {n: {"list": 100, "session": 120} for n in names}
-    warm = {"handover": dict.fromkeys(names, {}), "sdk": dict.fromkeys(names, 40.0) | {"own_sessions": 30},
+    warm = {"handover": dict.fromkeys(names, {}), "sdk": dict.fromkeys(names, 40.0),
             "discarded": 0, "pss_kib": pss}
     assert smoke_failures({"warm": warm}) == []
     assert smoke_failures({}) == [] and smoke_failures({"warm": {"skipped": "not root"}}) == []
     assert smoke_failures({"warm": warm | {"sdk": {"skipped": "no clients"}}}) == []
     short = warm | {"sdk": {n: 40.0 for n in names if n != "time"}}
-    assert [line[:22] for line in smoke_failures({"warm": short})] == ["warm: the SDK sessions"]
+    stray = warm | {"sdk": warm["sdk"] | {"sessions": 30}}   # (the section holds servers only: 5983027 broke CI so)
+    for broken in short, stray:
+        assert [line[:22] for line in smoke_failures({"warm": broken})] == ["warm: the SDK sessions"]
     assert smoke_failures({"warm": warm | {"discarded": 2}}) == ["warm: 2 warm server(s) discarded"]
     assert smoke_failures({"warm": {"error": "no daemon"}}) == ["warm: no daemon"]
